@@ -1,0 +1,71 @@
+# xdplb: `make demo` and `make test` are all a newcomer needs (both install what is missing).
+SHELL      := /bin/sh
+VENV       ?= .venv
+PY         := $(VENV)/bin/python
+PYTHON     ?= python3
+CLANG      ?= clang
+ARCH_INC   := /usr/include/$(shell uname -m)-linux-gnu
+BPF_CFLAGS := -O2 -g -target bpf -Wall -Werror -I$(ARCH_INC) -Ibpf/include -Ibpf
+BPF_SRCS   := $(wildcard bpf/*.bpf.c)
+BPF_OBJS   := $(patsubst bpf/%.bpf.c,build/%.bpf.o,$(BPF_SRCS))
+# Small programs that exist only for tests (tests/bpf/progs/*.bpf.c).
+TEST_SRCS  := $(wildcard tests/bpf/progs/*.bpf.c)
+TEST_OBJS  := $(patsubst tests/bpf/progs/%.bpf.c,build/test/%.bpf.o,$(TEST_SRCS))
+BPF_HDRS   := $(wildcard bpf/include/*.h bpf/lib/*.h)
+CFFI_MODS  := src/xdplb/datapath/libbpf_build.py src/xdplb/maglev_build.py
+PYTEST     := $(PY) -m pytest -q
+
+.PHONY: all deps build test test-unit test-bpf test-e2e demo bench lint clean
+
+all: build
+
+deps: $(VENV)/.installed
+	@./scripts/deps.sh
+
+$(VENV)/.installed: pyproject.toml
+	@./scripts/deps.sh
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q -e '.[dev]'
+	@touch $@
+
+build: deps $(BPF_OBJS) $(TEST_OBJS) build/.cffi
+
+build/%.bpf.o: bpf/%.bpf.c $(BPF_HDRS)
+	@mkdir -p build
+	$(CLANG) $(BPF_CFLAGS) -c $< -o $@
+
+build/test/%.bpf.o: tests/bpf/progs/%.bpf.c $(BPF_HDRS)
+	@mkdir -p build/test
+	$(CLANG) $(BPF_CFLAGS) -c $< -o $@
+
+build/.cffi: $(CFFI_MODS) bpf/lib/hash.h $(VENV)/.installed
+	@mkdir -p build
+	for m in $(CFFI_MODS); do $(PY) $$m || exit 1; done
+	@touch $@
+
+test: build
+	$(PYTEST) tests
+
+test-unit: build
+	$(PYTEST) -m unit tests
+
+test-bpf: build
+	$(PYTEST) -m bpf tests
+
+test-e2e: build
+	$(PYTEST) -m e2e tests
+
+demo: build
+	$(PY) -m xdplb.demo
+
+bench: build
+	$(PY) bench/bench.py --out bench/results.json
+
+lint: build
+	$(VENV)/bin/ruff check src tests bench
+	$(VENV)/bin/ruff format --check src tests bench
+	$(VENV)/bin/mypy
+
+clean:
+	rm -rf build src/xdplb/_*_c.*

@@ -1,0 +1,161 @@
+/* SPDX-License-Identifier: (GPL-2.0-only OR BSD-2-Clause) */
+/*
+ * The one ABI header: every struct, enum and flag that crosses between the
+ * BPF programs and Python is defined here, with explicit padding.  Keys with
+ * implicit padding load but never match at run time (KERNEL_NOTES.md), so
+ * every key is padded by hand and zeroed on both sides.
+ *
+ * Python mirror: src/xdplb/abi.py, checked against this object's BTF by
+ * tests/bpf/test_abi.py.  Addresses and ports are stored in network order.
+ */
+#ifndef XDPLB_ABI_H
+#define XDPLB_ABI_H
+
+#include <linux/types.h>
+
+#define XDPLB_MAX_VIPS		512
+#define XDPLB_MAX_BACKENDS	4096
+#define XDPLB_MAX_HOPS		2
+#define XDPLB_CONN_ENTRIES	262144
+#define XDPLB_DEFAULT_TABLE	65537
+#define XDPLB_GUE_PORT		19523	/* glb-director's default */
+#define XDPLB_MAX_HOST_ADDRS	64
+
+/* Address family tags used in keys (not AF_*: they fit a byte and read well). */
+enum xdplb_family {
+	XDPLB_FAMILY_V4 = 4,
+	XDPLB_FAMILY_V6 = 6,
+};
+
+/* How a VIP's packets reach the chosen backend. */
+enum xdplb_encap {
+	XDPLB_ENCAP_GUE = 0,	/* outer IP + UDP + GUE with glb-director's hop list */
+	XDPLB_ENCAP_IPIP = 1,	/* outer IP only (IPIP, IP6IP6, 4in6, 6in4) */
+};
+
+/* Which lookup table a VIP uses. */
+enum xdplb_table_kind {
+	XDPLB_TABLE_MAGLEV = 0,	/* one hop per bucket */
+	XDPLB_TABLE_BEAMER = 1,	/* first and second hop per bucket */
+};
+
+#define XDPLB_VIP_F_SRC_HASH	(1U << 0)	/* hash the source address only */
+
+#define XDPLB_BACKEND_F_ACTIVE	(1U << 0)	/* slot holds a live backend */
+
+/* lb_vips key: (address, port, protocol).  port == 0 is the wildcard entry. */
+struct xdplb_vip_key {
+	__u32 addr[4];		/* IPv4 in addr[0], addr[1..3] zero */
+	__be16 port;
+	__u8 proto;		/* IPPROTO_TCP or IPPROTO_UDP */
+	__u8 family;		/* enum xdplb_family */
+};
+
+/* lb_vips value. */
+struct xdplb_vip_info {
+	__u32 vip_id;		/* index into lb_tables and lb_vip_stats */
+	__u32 flags;		/* XDPLB_VIP_F_* */
+	__u32 table_size;	/* number of buckets of this VIP's table */
+	__u8 encap;		/* enum xdplb_encap */
+	__u8 table_kind;	/* enum xdplb_table_kind */
+	__u8 pad[2];
+};
+
+/* lb_backends value, indexed by backend id.  Slot 0 is never a backend: 0 means "none". */
+struct xdplb_backend {
+	__u32 addr[4];		/* tunnel endpoint: IPv4 in addr[0] */
+	__u8 family;		/* enum xdplb_family; also the outer header's family */
+	__u8 flags;		/* XDPLB_BACKEND_F_* */
+	__u8 pad[2];
+};
+
+/*
+ * A flow, as hashed and as keyed in the connection table.  The flow hash is
+ * jhash2 over these ten 32-bit words (bpf/lib/hash.h, src/xdplb/hashing.py).
+ */
+struct xdplb_flow_key {
+	__u32 src[4];
+	__u32 dst[4];
+	__be16 sport;
+	__be16 dport;
+	__u8 proto;
+	__u8 pad[3];
+};
+
+/* lb_conns value. */
+struct xdplb_conn {
+	__u32 backend_id;
+	__u32 hash;		/* flow hash, kept so a hit needs no rehash (GUE source port) */
+};
+
+/* One bucket of a lookup table (inner map of lb_tables). */
+struct xdplb_bucket {
+	__u32 hop[XDPLB_MAX_HOPS];	/* backend ids; hop[1] == 0: no second hop */
+};
+
+/* lb_config[0]: run-time settings of the LB program. */
+struct xdplb_config {
+	__u32 src4;		/* outer source address for IPv4 tunnels */
+	__u32 src6[4];		/* outer source address for IPv6 tunnels */
+	__be16 gue_port;	/* GUE destination UDP port */
+	__u16 pad;
+	__u32 hash_seed;
+};
+
+/* Per-CPU traffic counters (lb_vip_stats, lb_backend_stats). */
+struct xdplb_stats {
+	__u64 packets;
+	__u64 bytes;
+	__u64 new_flows;
+};
+
+/* Why lb_xdp dropped a packet; index of lb_drops. */
+enum xdplb_drop_reason {
+	XDPLB_DROP_FRAGMENT = 0,	/* IPv4 fragment of a VIP flow (not yet routed) */
+	XDPLB_DROP_MALFORMED_L4,	/* VIP packet with a truncated TCP/UDP header */
+	XDPLB_DROP_NO_TABLE,		/* VIP has no lookup table */
+	XDPLB_DROP_NO_BACKEND,		/* bucket empty or backend not active */
+	XDPLB_DROP_NO_CONFIG,		/* lb_config not filled in */
+	XDPLB_DROP_ENCAP,		/* bpf_xdp_adjust_head refused */
+	XDPLB_DROP_FIB,			/* no route to the backend */
+	XDPLB_DROP__MAX,
+};
+
+/* What lb_xdp did, besides drops; index of lb_events. */
+enum xdplb_event {
+	XDPLB_EV_PASS_NOT_IP = 0,	/* not IPv4/IPv6 (ARP, LLDP, ...) */
+	XDPLB_EV_PASS_MALFORMED,	/* IP header unparseable: left to the kernel */
+	XDPLB_EV_PASS_NOT_VIP,		/* IP, but no VIP matches */
+	XDPLB_EV_CONN_HIT,		/* connection table gave the backend */
+	XDPLB_EV_CONN_MISS,		/* hashed into the VIP's table */
+	XDPLB_EV_CONN_STALE,		/* table entry named an inactive backend */
+	XDPLB_EV_TX,			/* encapsulated, XDP_TX */
+	XDPLB_EV_REDIRECT,		/* encapsulated, XDP_REDIRECT to another port */
+	XDPLB_EV_FIB_PASS,		/* encapsulated, no neighbour yet: kernel forwards */
+	XDPLB_EV__MAX,
+};
+
+/* host_tc: what the backend host program did; index of host_events. */
+enum xdplb_host_event {
+	XDPLB_HOST_PASS = 0,		/* not a tunnel packet for this host */
+	XDPLB_HOST_DECAP_GUE,		/* GUE decapsulated, delivered locally */
+	XDPLB_HOST_DECAP_IPIP,		/* IPIP/IP6IP6 decapsulated, delivered locally */
+	XDPLB_HOST_DROP_MALFORMED,	/* tunnel packet for us, but unparseable */
+	XDPLB_HOST_DROP_DECAP,		/* bpf_skb_adjust_room refused */
+	XDPLB_HOST_EV__MAX,
+};
+
+/* host_config[0] */
+struct xdplb_host_config {
+	__be16 gue_port;
+	__u16 pad;
+};
+
+/* host_addrs key: an address of this host that tunnels may target. */
+struct xdplb_host_addr {
+	__u32 addr[4];
+	__u8 family;
+	__u8 pad[3];
+};
+
+#endif /* XDPLB_ABI_H */

@@ -1,0 +1,24 @@
+#!/bin/sh
+# Installs what the build and the tests need, and nothing that is already there.
+# Idempotent: safe to run before every build (make deps).
+set -eu
+
+APT_PACKAGES="clang llvm libbpf-dev bpftool iproute2 gcc make python3 python3-venv python3-dev
+    pkg-config libelf-dev zlib1g-dev ethtool iputils-ping"
+
+missing=""
+for p in $APT_PACKAGES; do
+    dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing="$missing $p"
+done
+if [ -n "$missing" ]; then
+    echo "deps: installing apt packages:$missing"
+    export DEBIAN_FRONTEND=noninteractive
+    apt-get update -qq
+    # shellcheck disable=SC2086
+    apt-get install -y -qq --no-install-recommends $missing
+fi
+
+# bpffs is not always mounted (KERNEL_NOTES.md).
+if ! mount | grep -q " /sys/fs/bpf type bpf"; then
+    mount -t bpf bpf /sys/fs/bpf
+fi

@@ -1,0 +1,234 @@
+"""Python mirror of ``bpf/include/xdplb_abi.h``.
+
+Every struct here has the same size and field offsets as its C twin; that is
+checked mechanically against the BTF of the built objects (tests/bpf/test_abi.py),
+not by eye. Addresses and ports are kept in network order, as in C; the helpers
+below convert from ``ipaddress`` objects.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import enum
+import ipaddress
+import socket
+from typing import ClassVar
+
+IPAddress = ipaddress.IPv4Address | ipaddress.IPv6Address
+
+MAX_VIPS = 512
+MAX_BACKENDS = 4096
+MAX_HOPS = 2
+CONN_ENTRIES = 262144
+DEFAULT_TABLE_SIZE = 65537
+GUE_PORT = 19523
+MAX_HOST_ADDRS = 64
+
+IPPROTO_TCP = socket.IPPROTO_TCP
+IPPROTO_UDP = socket.IPPROTO_UDP
+
+
+class Family(enum.IntEnum):
+    V4 = 4
+    V6 = 6
+
+
+class Encap(enum.IntEnum):
+    GUE = 0
+    IPIP = 1
+
+
+class TableKind(enum.IntEnum):
+    MAGLEV = 0
+    BEAMER = 1
+
+
+VIP_F_SRC_HASH = 1 << 0
+BACKEND_F_ACTIVE = 1 << 0
+
+
+class DropReason(enum.IntEnum):
+    """Index of ``lb_drops``: why lb_xdp dropped a packet."""
+
+    FRAGMENT = 0
+    MALFORMED_L4 = enum.auto()
+    NO_TABLE = enum.auto()
+    NO_BACKEND = enum.auto()
+    NO_CONFIG = enum.auto()
+    ENCAP = enum.auto()
+    FIB = enum.auto()
+
+
+class Event(enum.IntEnum):
+    """Index of ``lb_events``: what lb_xdp did, besides drops."""
+
+    PASS_NOT_IP = 0
+    PASS_MALFORMED = enum.auto()
+    PASS_NOT_VIP = enum.auto()
+    CONN_HIT = enum.auto()
+    CONN_MISS = enum.auto()
+    CONN_STALE = enum.auto()
+    TX = enum.auto()
+    REDIRECT = enum.auto()
+    FIB_PASS = enum.auto()
+
+
+class HostEvent(enum.IntEnum):
+    """Index of ``host_events``: what host_tc did."""
+
+    PASS = 0
+    DECAP_GUE = enum.auto()
+    DECAP_IPIP = enum.auto()
+    DROP_MALFORMED = enum.auto()
+    DROP_DECAP = enum.auto()
+
+
+class _Struct(ctypes.Structure):
+    """Base: byte conversion and a C name for the BTF check."""
+
+    c_name: ClassVar[str]
+
+    def pack(self) -> bytes:
+        return bytes(self)
+
+    @classmethod
+    def unpack(cls, data: bytes) -> _Struct:
+        return cls.from_buffer_copy(data[: ctypes.sizeof(cls)])
+
+
+def addr_words(addr: IPAddress) -> tuple[int, int, int, int]:
+    """An address as the four ``__u32`` words of a C key (network order in memory)."""
+    raw = addr.packed.ljust(16, b"\0")
+    w = tuple(int.from_bytes(raw[i : i + 4], "little") for i in range(0, 16, 4))
+    return (w[0], w[1], w[2], w[3])
+
+
+def words_addr(words: ctypes.Array[ctypes.c_uint32], family: int) -> IPAddress:
+    raw = b"".join(int(w).to_bytes(4, "little") for w in words)
+    if family == Family.V4:
+        return ipaddress.IPv4Address(raw[:4])
+    return ipaddress.IPv6Address(raw)
+
+
+def family_of(addr: IPAddress) -> Family:
+    return Family.V4 if addr.version == 4 else Family.V6
+
+
+class VipKey(_Struct):
+    c_name = "xdplb_vip_key"
+    _fields_ = [
+        ("addr", ctypes.c_uint32 * 4),
+        ("port", ctypes.c_uint16),  # network order
+        ("proto", ctypes.c_uint8),
+        ("family", ctypes.c_uint8),
+    ]
+
+    @classmethod
+    def make(cls, addr: IPAddress, port: int, proto: int) -> VipKey:
+        return cls(addr_words(addr), socket.htons(port), proto, family_of(addr))
+
+
+class VipInfo(_Struct):
+    c_name = "xdplb_vip_info"
+    _fields_ = [
+        ("vip_id", ctypes.c_uint32),
+        ("flags", ctypes.c_uint32),
+        ("table_size", ctypes.c_uint32),
+        ("encap", ctypes.c_uint8),
+        ("table_kind", ctypes.c_uint8),
+        ("pad", ctypes.c_uint8 * 2),
+    ]
+
+
+class Backend(_Struct):
+    c_name = "xdplb_backend"
+    _fields_ = [
+        ("addr", ctypes.c_uint32 * 4),
+        ("family", ctypes.c_uint8),
+        ("flags", ctypes.c_uint8),
+        ("pad", ctypes.c_uint8 * 2),
+    ]
+
+    @classmethod
+    def make(cls, addr: IPAddress, flags: int = BACKEND_F_ACTIVE) -> Backend:
+        return cls(addr_words(addr), family_of(addr), flags)
+
+
+class FlowKey(_Struct):
+    c_name = "xdplb_flow_key"
+    _fields_ = [
+        ("src", ctypes.c_uint32 * 4),
+        ("dst", ctypes.c_uint32 * 4),
+        ("sport", ctypes.c_uint16),  # network order
+        ("dport", ctypes.c_uint16),  # network order
+        ("proto", ctypes.c_uint8),
+        ("pad", ctypes.c_uint8 * 3),
+    ]
+
+    @classmethod
+    def make(cls, src: IPAddress, dst: IPAddress, sport: int, dport: int, proto: int) -> FlowKey:
+        return cls(
+            addr_words(src), addr_words(dst), socket.htons(sport), socket.htons(dport), proto
+        )
+
+
+class Conn(_Struct):
+    c_name = "xdplb_conn"
+    _fields_ = [("backend_id", ctypes.c_uint32), ("hash", ctypes.c_uint32)]
+
+
+class Bucket(_Struct):
+    c_name = "xdplb_bucket"
+    _fields_ = [("hop", ctypes.c_uint32 * MAX_HOPS)]
+
+
+class Config(_Struct):
+    c_name = "xdplb_config"
+    _fields_ = [
+        ("src4", ctypes.c_uint32),
+        ("src6", ctypes.c_uint32 * 4),
+        ("gue_port", ctypes.c_uint16),  # network order
+        ("pad", ctypes.c_uint16),
+        ("hash_seed", ctypes.c_uint32),
+    ]
+
+
+class Stats(_Struct):
+    c_name = "xdplb_stats"
+    _fields_ = [
+        ("packets", ctypes.c_uint64),
+        ("bytes", ctypes.c_uint64),
+        ("new_flows", ctypes.c_uint64),
+    ]
+
+
+class HostConfig(_Struct):
+    c_name = "xdplb_host_config"
+    _fields_ = [("gue_port", ctypes.c_uint16), ("pad", ctypes.c_uint16)]
+
+
+class HostAddr(_Struct):
+    c_name = "xdplb_host_addr"
+    _fields_ = [
+        ("addr", ctypes.c_uint32 * 4),
+        ("family", ctypes.c_uint8),
+        ("pad", ctypes.c_uint8 * 3),
+    ]
+
+    @classmethod
+    def make(cls, addr: IPAddress) -> HostAddr:
+        return cls(addr_words(addr), family_of(addr))
+
+
+STRUCTS: tuple[type[_Struct], ...] = (
+    VipKey,
+    VipInfo,
+    Backend,
+    FlowKey,
+    Conn,
+    Bucket,
+    Config,
+    Stats,
+    HostConfig,
+    HostAddr,
+)
