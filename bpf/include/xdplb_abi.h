@@ -20,6 +20,7 @@
 #define XDPLB_DEFAULT_TABLE	65537
 #define XDPLB_GUE_PORT		19523	/* glb-director's default */
 #define XDPLB_MAX_HOST_ADDRS	64
+#define XDPLB_MAX_VIP_ADDRS	XDPLB_MAX_VIPS
 
 /* Address family tags used in keys (not AF_*: they fit a byte and read well). */
 enum xdplb_family {
@@ -151,8 +152,12 @@ struct xdplb_host_config {
 	__u16 pad;
 };
 
-/* host_addrs key: an address of this host that tunnels may target. */
-struct xdplb_host_addr {
+/*
+ * A bare address: key of lb_vip_addrs (every address that has a VIP, used
+ * where the port is unknown: fragments, truncated L4) and of host_addrs
+ * (the addresses of a backend host that tunnels may target).
+ */
+struct xdplb_addr {
 	__u32 addr[4];
 	__u8 family;
 	__u8 pad[3];

@@ -23,6 +23,7 @@ CONN_ENTRIES = 262144
 DEFAULT_TABLE_SIZE = 65537
 GUE_PORT = 19523
 MAX_HOST_ADDRS = 64
+MAX_VIP_ADDRS = MAX_VIPS
 
 IPPROTO_TCP = socket.IPPROTO_TCP
 IPPROTO_UDP = socket.IPPROTO_UDP
@@ -207,8 +208,10 @@ class HostConfig(_Struct):
     _fields_ = [("gue_port", ctypes.c_uint16), ("pad", ctypes.c_uint16)]
 
 
-class HostAddr(_Struct):
-    c_name = "xdplb_host_addr"
+class Addr(_Struct):
+    """Key of lb_vip_addrs and host_addrs."""
+
+    c_name = "xdplb_addr"
     _fields_ = [
         ("addr", ctypes.c_uint32 * 4),
         ("family", ctypes.c_uint8),
@@ -216,7 +219,7 @@ class HostAddr(_Struct):
     ]
 
     @classmethod
-    def make(cls, addr: IPAddress) -> HostAddr:
+    def make(cls, addr: IPAddress) -> Addr:
         return cls(addr_words(addr), family_of(addr))
 
 
@@ -230,5 +233,5 @@ STRUCTS: tuple[type[_Struct], ...] = (
     Config,
     Stats,
     HostConfig,
-    HostAddr,
+    Addr,
 )

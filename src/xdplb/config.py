@@ -1,0 +1,257 @@
+"""The configuration file: YAML, validated by pydantic models.
+
+Every error is turned into a :class:`~xdplb.errors.ConfigError` whose ``field`` is the
+dotted path of the culprit (``vips[0].backends[1].weight``), so an operator can find it;
+a refused configuration never reaches the data path.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+from collections.abc import Iterator
+from enum import StrEnum
+from pathlib import Path
+from typing import Annotated, Any
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+from xdplb import abi
+from xdplb.errors import ConfigError
+from xdplb.maglev import is_prime
+
+IPAddress = ipaddress.IPv4Address | ipaddress.IPv6Address
+
+#: Largest table a VIP may ask for: 2**24 buckets of 8 bytes is 128 MiB of kernel memory.
+MAX_TABLE_SIZE = 16_777_259
+
+
+class Protocol(StrEnum):
+    TCP = "tcp"
+    UDP = "udp"
+
+    @property
+    def number(self) -> int:
+        return abi.IPPROTO_TCP if self is Protocol.TCP else abi.IPPROTO_UDP
+
+
+class EncapKind(StrEnum):
+    GUE = "gue"
+    IPIP = "ipip"
+
+    @property
+    def abi(self) -> abi.Encap:
+        return abi.Encap.GUE if self is EncapKind.GUE else abi.Encap.IPIP
+
+
+class HashFields(StrEnum):
+    FIVE_TUPLE = "5tuple"  #: source and destination address and port, protocol
+    SOURCE = "source"  #: source address only: every flow of a client to one backend
+
+
+class XdpModeName(StrEnum):
+    NATIVE = "native"
+    GENERIC = "generic"
+
+
+class _Model(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class BackendConfig(_Model):
+    """A backend of a VIP: the tunnel endpoint the LB encapsulates to."""
+
+    address: IPAddress
+    """Tunnel endpoint; the host runs host_tc and has the VIP on its loopback."""
+    weight: Annotated[int, Field(ge=0, le=65535)] = 1
+    """Relative share of new flows; 0 keeps the backend configured but out of the table."""
+
+
+class VipConfig(_Model):
+    """A virtual service: (address, port, protocol) and where its flows go."""
+
+    address: IPAddress
+    port: Annotated[int, Field(ge=0, le=65535)] = 0
+    """0 is the wildcard: every port of the address (for this protocol)."""
+    protocol: Protocol = Protocol.TCP
+    encap: EncapKind = EncapKind.GUE
+    hash: HashFields = HashFields.FIVE_TUPLE
+    table_size: int | None = None
+    """Buckets in this VIP's Maglev table (a prime); default: the global table_size."""
+    backends: list[BackendConfig] = Field(default_factory=list)
+
+    @field_validator("table_size")
+    @classmethod
+    def _prime(cls, v: int | None) -> int | None:
+        if v is not None:
+            _check_table_size(v)
+        return v
+
+    @field_validator("backends")
+    @classmethod
+    def _unique_backends(cls, v: list[BackendConfig]) -> list[BackendConfig]:
+        seen: set[IPAddress] = set()
+        for b in v:
+            if b.address in seen:
+                raise ValueError(f"backend {b.address} is listed twice")
+            seen.add(b.address)
+        return v
+
+    @property
+    def key(self) -> tuple[IPAddress, int, Protocol]:
+        return (self.address, self.port, self.protocol)
+
+    @property
+    def name(self) -> str:
+        addr = f"[{self.address}]" if self.address.version == 6 else str(self.address)
+        return f"{addr}:{self.port}/{self.protocol}"
+
+
+class TunnelConfig(_Model):
+    """Outer headers of the tunnels from the LB to the backends."""
+
+    source_v4: ipaddress.IPv4Address | None = None
+    """Outer source address for IPv4 backends (the LB's own address)."""
+    source_v6: ipaddress.IPv6Address | None = None
+    """Outer source address for IPv6 backends."""
+    gue_port: Annotated[int, Field(ge=1, le=65535)] = abi.GUE_PORT
+    """UDP destination port of GUE; host_tc on the backends must use the same."""
+
+
+class Config(_Model):
+    """The whole desired state of one LB instance."""
+
+    instance: Annotated[str, Field(pattern=r"^[A-Za-z0-9_.-]{1,64}$")] = "default"
+    """Name of this instance: its pins live in /sys/fs/bpf/xdplb/<instance>."""
+    interfaces: list[str] = Field(default_factory=list)
+    """Interfaces to attach lb_xdp to."""
+    xdp_mode: XdpModeName = XdpModeName.NATIVE
+    """native (driver) XDP; generic only as an explicit fallback."""
+    hash_seed: Annotated[int, Field(ge=0, le=2**32 - 1)] = 0
+    """Seed of the flow hash; every LB node of a cluster must use the same."""
+    table_size: int = abi.DEFAULT_TABLE_SIZE
+    """Default number of buckets of a Maglev table (a prime, > 100 x backends for <1% imbalance)."""
+    tunnel: TunnelConfig = Field(default_factory=TunnelConfig)
+    vips: list[VipConfig] = Field(default_factory=list)
+
+    @field_validator("table_size")
+    @classmethod
+    def _prime(cls, v: int) -> int:
+        _check_table_size(v)
+        return v
+
+    @field_validator("interfaces")
+    @classmethod
+    def _ifnames(cls, v: list[str]) -> list[str]:
+        for name in v:
+            if not 0 < len(name) < 16 or "/" in name or name.strip() != name:
+                raise ValueError(f"{name!r} is not a valid interface name")
+        if len(set(v)) != len(v):
+            raise ValueError("an interface is listed twice")
+        return v
+
+    @field_validator("vips")
+    @classmethod
+    def _vips(cls, v: list[VipConfig]) -> list[VipConfig]:
+        if len(v) > abi.MAX_VIPS:
+            raise ValueError(f"at most {abi.MAX_VIPS} VIPs, got {len(v)}")
+        seen: set[tuple[IPAddress, int, Protocol]] = set()
+        for vip in v:
+            if vip.key in seen:
+                raise ValueError(f"VIP {vip.name} is listed twice")
+            seen.add(vip.key)
+        return v
+
+    @model_validator(mode="after")
+    def _tunnel_sources(self) -> Config:
+        for i, vip in enumerate(self.vips):
+            for j, b in enumerate(vip.backends):
+                if b.address.version == 4 and self.tunnel.source_v4 is None:
+                    raise _FieldError(
+                        f"vips[{i}].backends[{j}].address",
+                        "an IPv4 backend needs tunnel.source_v4",
+                    )
+                if b.address.version == 6 and self.tunnel.source_v6 is None:
+                    raise _FieldError(
+                        f"vips[{i}].backends[{j}].address",
+                        "an IPv6 backend needs tunnel.source_v6",
+                    )
+        n = len(self.backend_addresses())
+        if n >= abi.MAX_BACKENDS:
+            raise _FieldError("vips", f"at most {abi.MAX_BACKENDS - 1} distinct backends, got {n}")
+        return self
+
+    def backend_addresses(self) -> set[IPAddress]:
+        return {b.address for vip in self.vips for b in vip.backends}
+
+    def vip_table_size(self, vip: VipConfig) -> int:
+        return vip.table_size if vip.table_size is not None else self.table_size
+
+
+class _FieldError(ValueError):
+    """A model-level check that knows which field is wrong."""
+
+    def __init__(self, field: str, message: str) -> None:
+        super().__init__(message)
+        self.field = field
+        self.message = message
+
+
+def _check_table_size(v: int) -> None:
+    if not 2 <= v <= MAX_TABLE_SIZE:
+        raise ValueError(f"must be between 2 and {MAX_TABLE_SIZE}, got {v}")
+    if not is_prime(v):
+        raise ValueError(f"must be a prime (Maglev needs it), got {v}")
+
+
+def _loc(loc: tuple[int | str, ...]) -> str:
+    out = ""
+    for part in loc:
+        if isinstance(part, int):
+            out += f"[{part}]"
+        elif part.startswith(("function-after", "function-before", "function-wrap")):
+            continue
+        else:
+            out += f".{part}" if out else part
+    return out
+
+
+def _errors(e: ValidationError) -> Iterator[tuple[str, str]]:
+    for err in e.errors():
+        ctx_err = err.get("ctx", {}).get("error")
+        if isinstance(ctx_err, _FieldError):
+            yield ctx_err.field, ctx_err.message
+            continue
+        msg = err["msg"].removeprefix("Value error, ")
+        loc = tuple(p for p in err["loc"] if not (isinstance(p, str) and "[" in p))
+        yield _loc(loc), msg
+
+
+def parse_config(data: Any) -> Config:
+    """Validate a parsed document; raise ConfigError naming the first bad field."""
+    if data is None:
+        data = {}
+    if not isinstance(data, dict):
+        raise ConfigError("", "the configuration must be a mapping at the top level")
+    try:
+        return Config.model_validate(data)
+    except ValidationError as e:
+        errs = list(_errors(e))
+        field, msg = errs[0]
+        if len(errs) > 1:
+            msg += f" (and {len(errs) - 1} more: " + "; ".join(f"{f}: {m}" for f, m in errs[1:4])
+            msg += ")"
+        raise ConfigError(field, msg) from None
+
+
+def load_config(path: str | Path) -> Config:
+    """Read and validate a YAML configuration file."""
+    try:
+        text = Path(path).read_text()
+    except OSError as e:
+        raise ConfigError("", f"cannot read {path}: {e.strerror}") from None
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as e:
+        raise ConfigError("", f"{path} is not valid YAML: {e}") from None
+    return parse_config(data)

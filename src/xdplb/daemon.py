@@ -1,0 +1,131 @@
+"""The LB daemon: load, attach, apply the configuration, and keep applying it.
+
+Lifecycle (DESIGN.md §2):
+- start: lb_xdp is loaded with its maps pinned per instance; existing pins are reused, so
+  the connection table survives a restart, and existing XDP links are switched to the new
+  program atomically;
+- reload on SIGHUP or when the file changes: a configuration that fails validation
+  changes nothing (the error names the field) and the running one keeps serving;
+- SIGTERM/SIGINT: the daemon exits and leaves the programs attached (restart/upgrade);
+- ``xdplb stop``: the daemon exits and the instance is detached and unpinned.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import threading
+import time
+from pathlib import Path
+from types import FrameType
+
+from xdplb import planner
+from xdplb.config import Config, XdpModeName, load_config
+from xdplb.datapath import XdpMode
+from xdplb.datapath.lb import LbDatapath
+from xdplb.errors import ConfigError
+
+log = logging.getLogger("xdplb.daemon")
+
+RUN_DIR = Path(os.environ.get("XDPLB_RUN_DIR", "/run/xdplb"))
+#: How often the configuration file's mtime is looked at.
+POLL_INTERVAL = 0.5
+
+
+def pid_file(instance: str) -> Path:
+    return RUN_DIR / f"{instance}.pid"
+
+
+def read_pid(instance: str) -> int | None:
+    """The pid of the running daemon of ``instance``, or None."""
+    try:
+        pid = int(pid_file(instance).read_text().strip())
+    except (OSError, ValueError):
+        return None
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return None
+    return pid
+
+
+class Daemon:
+    """One LB instance, driven by one configuration file."""
+
+    def __init__(self, config_path: Path) -> None:
+        self.config_path = config_path
+        self.config: Config = load_config(config_path)  # ConfigError: refuse to start
+        self._mtime = self._file_mtime()
+        self._reload = threading.Event()
+        self._stop = threading.Event()
+        self.dp = LbDatapath(self.config.instance)
+
+    def _file_mtime(self) -> float:
+        try:
+            return self.config_path.stat().st_mtime
+        except OSError:
+            return 0.0
+
+    def apply(self, cfg: Config) -> int:
+        """Make interfaces and maps match ``cfg``; returns the number of map operations."""
+        mode = XdpMode.GENERIC if cfg.xdp_mode is XdpModeName.GENERIC else XdpMode.NATIVE
+        for ifname in cfg.interfaces:
+            if self.dp.attach(ifname, mode):
+                log.info("attached lb_xdp to %s (%s)", ifname, cfg.xdp_mode)
+        for ifname in self.dp.attached():
+            if ifname not in cfg.interfaces:
+                self.dp.detach(ifname)
+                log.info("detached lb_xdp from %s", ifname)
+        ops = planner.plan(cfg, self.dp.snapshot())
+        t0 = time.perf_counter()
+        self.dp.apply(ops)
+        if ops:
+            log.info("applied %d map operations in %.1f ms", len(ops),
+                     1e3 * (time.perf_counter() - t0))
+        self.config = cfg
+        return len(ops)
+
+    def reload(self) -> bool:
+        """Re-read the file; apply it if valid. False (and nothing changed) if not."""
+        self._mtime = self._file_mtime()
+        try:
+            cfg = load_config(self.config_path)
+        except ConfigError as e:
+            log.error("configuration refused, still serving the previous one: %s", e)
+            return False
+        if cfg.instance != self.config.instance:
+            log.error("configuration refused: instance cannot change while running "
+                      "(%s -> %s)", self.config.instance, cfg.instance)
+            return False
+        self.apply(cfg)
+        return True
+
+    def _on_signal(self, signum: int, _frame: FrameType | None) -> None:
+        if signum == signal.SIGHUP:
+            self._reload.set()
+        else:
+            self._stop.set()
+
+    def run(self) -> None:
+        """Serve until SIGTERM/SIGINT. Programs stay attached when this returns."""
+        for sig in (signal.SIGHUP, signal.SIGTERM, signal.SIGINT):
+            signal.signal(sig, self._on_signal)
+        self.apply(self.config)
+        RUN_DIR.mkdir(parents=True, exist_ok=True)
+        pid_file(self.config.instance).write_text(f"{os.getpid()}\n")
+        log.info("instance %s serving %d VIPs", self.config.instance, len(self.config.vips))
+        try:
+            while not self._stop.is_set():
+                self._reload.wait(POLL_INTERVAL)
+                if self._stop.is_set():
+                    break
+                if self._reload.is_set() or self._file_mtime() != self._mtime:
+                    self._reload.clear()
+                    self.reload()
+        finally:
+            pid = pid_file(self.config.instance)
+            if read_pid(self.config.instance) == os.getpid():
+                pid.unlink(missing_ok=True)
+            self.dp.close()
+            log.info("instance %s: daemon exits, programs stay attached", self.config.instance)

@@ -1,0 +1,286 @@
+"""lb_xdp for one instance: its pinned maps, its XDP links, snapshots and plan application.
+
+The maps are pinned by name under ``/sys/fs/bpf/xdplb/<instance>`` and the XDP links under
+``.../links``: a daemon that restarts (or is upgraded) finds them, keeps the connection
+table, and swaps its freshly loaded program into the existing links atomically.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import ipaddress
+import os
+import shutil
+import socket
+import struct
+from collections.abc import Iterable
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from xdplb import abi, paths
+from xdplb.datapath.links import Link, XdpMode, attach_xdp
+from xdplb.datapath.maps import Map, MapType
+from xdplb.datapath.objects import BpfObject
+from xdplb.datapath.programs import Program
+from xdplb.planner import (
+    BackendState,
+    DeleteBackend,
+    DeleteTable,
+    DeleteVip,
+    DeleteVipAddr,
+    Op,
+    PutBackend,
+    PutTable,
+    PutVip,
+    PutVipAddr,
+    SetTunnel,
+    Snapshot,
+    TunnelState,
+    VipKey,
+    VipState,
+)
+
+IPAddress = ipaddress.IPv4Address | ipaddress.IPv6Address
+
+MAP_NAMES = (
+    "lb_vips",
+    "lb_vip_addrs",
+    "lb_backends",
+    "lb_tables",
+    "lb_conns",
+    "lb_config",
+    "lb_vip_stats",
+    "lb_be_stats",
+    "lb_drops",
+    "lb_events",
+)
+_U32 = struct.Struct("<I")
+
+
+def _u32(i: int) -> bytes:
+    return _U32.pack(i)
+
+
+@dataclass(frozen=True)
+class Counters:
+    """Every counter of lb_xdp, summed over CPUs."""
+
+    drops: dict[abi.DropReason, int]
+    events: dict[abi.Event, int]
+    vips: dict[int, abi.Stats]  # vip id -> stats
+    backends: dict[int, abi.Stats]  # backend id -> stats
+    conns: int  # entries in the connection table
+
+
+class LbMaps:
+    """The maps of one lb_xdp instance, from a loaded object or from their pins."""
+
+    def __init__(self, maps: dict[str, Map]) -> None:
+        self.maps = maps
+
+    @classmethod
+    def from_pins(cls, pin_root: Path) -> LbMaps:
+        missing = [n for n in MAP_NAMES if not (pin_root / n).exists()]
+        if missing:
+            raise FileNotFoundError(f"{pin_root}: no pinned {', '.join(missing)}: is it running?")
+        return cls({n: Map.from_pinned(pin_root / n) for n in MAP_NAMES})
+
+    def __getitem__(self, name: str) -> Map:
+        return self.maps[name]
+
+    def close(self) -> None:
+        for m in self.maps.values():
+            m.close()
+
+    # -- reading -------------------------------------------------------------------------
+
+    def snapshot(self) -> Snapshot:
+        """What the maps hold now, in the planner's terms."""
+        snap = Snapshot()
+        for k, v in self["lb_vips"].items():
+            key = abi.VipKey.from_buffer_copy(k)
+            info = abi.VipInfo.from_buffer_copy(v)
+            addr = abi.words_addr(key.addr, key.family)
+            vkey: VipKey = (addr, socket.ntohs(key.port), key.proto)
+            snap.vips[vkey] = VipState(
+                vip_id=info.vip_id,
+                table_size=info.table_size,
+                encap=abi.Encap(info.encap),
+                flags=info.flags,
+                table_kind=abi.TableKind(info.table_kind),
+            )
+        raw = self["lb_backends"].lookup_array()
+        size = ctypes.sizeof(abi.Backend)
+        for bid in range(1, len(raw) // size):
+            be = abi.Backend.from_buffer_copy(raw, bid * size)
+            if be.family:
+                active = bool(be.flags & abi.BACKEND_F_ACTIVE)
+                snap.backends[bid] = BackendState(abi.words_addr(be.addr, be.family), active)
+        for k in list(self["lb_tables"].keys()):
+            table = self.table(_U32.unpack(k)[0])
+            if table is not None:
+                snap.tables[_U32.unpack(k)[0]] = table
+        for k, v in self["lb_vip_addrs"].items():
+            a = abi.Addr.from_buffer_copy(k)
+            snap.vip_addrs[abi.words_addr(a.addr, a.family)] = _U32.unpack(v)[0]
+        cfg = abi.Config.from_buffer_copy(self["lb_config"].lookup(_u32(0)) or b"\0" * 28)
+        snap.tunnel = TunnelState(
+            src4=ipaddress.IPv4Address(struct.pack("<I", cfg.src4)) if cfg.src4 else None,
+            src6=ipaddress.IPv6Address(bytes(cfg.src6)) if any(cfg.src6) else None,
+            gue_port=socket.ntohs(cfg.gue_port) if cfg.gue_port else abi.GUE_PORT,
+            hash_seed=cfg.hash_seed,
+        )
+        if not cfg.gue_port and not cfg.src4 and not any(cfg.src6):
+            snap.tunnel = TunnelState()
+        return snap
+
+    def table(self, vip_id: int) -> np.ndarray | None:
+        """The buckets of a VIP's table, shape (size, MAX_HOPS), or None."""
+        raw = self["lb_tables"].lookup(_u32(vip_id))
+        if raw is None:
+            return None
+        with Map.from_id(_U32.unpack(raw)[0]) as inner:
+            values = inner.lookup_array()
+        return np.frombuffer(values, dtype=np.uint32).reshape(-1, abi.MAX_HOPS).copy()
+
+    def counters(self) -> Counters:
+        def total(m: Map, idx: int, ctype: type[abi.Stats]) -> abi.Stats:
+            out = ctype()
+            for raw in m.lookup_percpu(_u32(idx)):
+                s = ctype.from_buffer_copy(raw)
+                out.packets += s.packets
+                out.bytes += s.bytes
+                out.new_flows += s.new_flows
+            return out
+
+        def u64(m: Map, idx: int) -> int:
+            return sum(struct.unpack("<Q", raw)[0] for raw in m.lookup_percpu(_u32(idx)))
+
+        snap_vips = {info.vip_id for info in self.snapshot().vips.values()}
+        backends = self.snapshot().backends
+        return Counters(
+            drops={r: u64(self["lb_drops"], r) for r in abi.DropReason},
+            events={e: u64(self["lb_events"], e) for e in abi.Event},
+            vips={i: total(self["lb_vip_stats"], i, abi.Stats) for i in sorted(snap_vips)},
+            backends={i: total(self["lb_be_stats"], i, abi.Stats) for i in sorted(backends)},
+            conns=sum(1 for _ in self["lb_conns"].keys()),
+        )
+
+    # -- writing -------------------------------------------------------------------------
+
+    def apply(self, ops: Iterable[Op]) -> None:
+        """Carry out a plan, in order."""
+        for op in ops:
+            self._apply(op)
+
+    def _apply(self, op: Op) -> None:
+        match op:
+            case SetTunnel(t):
+                cfg = abi.Config(
+                    src4=int.from_bytes(t.src4.packed, "little") if t.src4 else 0,
+                    gue_port=socket.htons(t.gue_port),
+                    hash_seed=t.hash_seed,
+                )
+                if t.src6 is not None:
+                    cfg.src6[:] = abi.addr_words(t.src6)
+                self["lb_config"].update(_u32(0), cfg.pack())
+            case PutBackend(bid, b):
+                flags = abi.BACKEND_F_ACTIVE if b.active else 0
+                self["lb_backends"].update(_u32(bid), abi.Backend.make(b.address, flags).pack())
+            case DeleteBackend(bid):
+                raw = self["lb_backends"].lookup(_u32(bid))
+                if raw is not None:
+                    be = abi.Backend.from_buffer_copy(raw)
+                    be.flags &= ~abi.BACKEND_F_ACTIVE
+                    self["lb_backends"].update(_u32(bid), be.pack())
+            case PutTable(vip_id, buckets):
+                # A new inner map, filled, then swapped in with one update: lb_xdp sees the
+                # old table or the new one, never a half-written one.
+                size = buckets.shape[0]
+                with Map.create(
+                    MapType.ARRAY, 4, ctypes.sizeof(abi.Bucket), size, name=f"lb_tbl_{vip_id}"
+                ) as inner:
+                    inner.update_array(np.ascontiguousarray(buckets, dtype=np.uint32))
+                    self["lb_tables"].update(_u32(vip_id), _u32(inner.fd))
+            case DeleteTable(vip_id):
+                self["lb_tables"].delete(_u32(vip_id))
+            case PutVipAddr(addr, n):
+                self["lb_vip_addrs"].update(abi.Addr.make(addr).pack(), _u32(n))
+            case DeleteVipAddr(addr):
+                self["lb_vip_addrs"].delete(abi.Addr.make(addr).pack())
+            case PutVip(key, st):
+                info = abi.VipInfo(st.vip_id, st.flags, st.table_size, st.encap, st.table_kind)
+                self["lb_vips"].update(_vip_key(key), info.pack())
+            case DeleteVip(key):
+                self["lb_vips"].delete(_vip_key(key))
+
+    def flush_conns(self) -> int:
+        """Empty the connection table (as if another LB node took over); returns entries."""
+        m = self["lb_conns"]
+        keys = list(m.keys())
+        for k in keys:
+            m.delete(k)
+        return len(keys)
+
+
+def _vip_key(key: VipKey) -> bytes:
+    return abi.VipKey.make(key[0], key[1], key[2]).pack()
+
+
+class LbDatapath(LbMaps):
+    """lb_xdp loaded for an instance: the object, its maps and its XDP links."""
+
+    def __init__(self, instance: str, obj_path: Path | None = None) -> None:
+        self.instance = instance
+        self.pin_root = paths.pin_root(instance)
+        self.pin_root.mkdir(parents=True, exist_ok=True)
+        os.chmod(self.pin_root, 0o700)  # pins are root's business only
+        self.obj = BpfObject.load(obj_path or paths.bpf_object("lb_xdp"), pin_root=self.pin_root)
+        self.program: Program = self.obj.program("lb_xdp")
+        super().__init__({n: self.obj.map(n) for n in MAP_NAMES})
+
+    def link_path(self, ifname: str) -> Path:
+        return self.pin_root / "links" / f"xdp_{ifname}"
+
+    def attach(self, ifname: str, mode: XdpMode = XdpMode.NATIVE) -> bool:
+        """Make ``ifname`` run this program; True if a new link was made.
+
+        An existing pinned link is kept and switched to this program atomically
+        (bpf_link_update): a restart or upgrade never leaves the interface without XDP.
+        """
+        path = self.link_path(ifname)
+        if path.exists():
+            with Link.from_pinned(path) as link:
+                link.update_program(self.program)
+            return False
+        ifindex = socket.if_nametoindex(ifname)
+        with attach_xdp(self.program, ifindex, mode) as link:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            link.pin(path)
+        return True
+
+    def detach(self, ifname: str) -> None:
+        path = self.link_path(ifname)
+        if path.exists():
+            with Link.from_pinned(path) as link:
+                link.detach()
+            path.unlink()
+
+    def attached(self) -> list[str]:
+        links = self.pin_root / "links"
+        return sorted(p.name.removeprefix("xdp_") for p in links.glob("xdp_*"))
+
+    def close(self) -> None:
+        super().close()
+        self.obj.close()
+
+
+def destroy(instance: str) -> None:
+    """Detach every link of an instance and remove all of its pins (maps included)."""
+    root = paths.pin_root(instance)
+    for path in sorted((root / "links").glob("xdp_*")) if root.exists() else []:
+        with Link.from_pinned(path) as link:
+            link.detach()
+    shutil.rmtree(root, ignore_errors=True)

@@ -1,0 +1,129 @@
+"""Configuration: valid files load, and every refusal names the field at fault."""
+
+from __future__ import annotations
+
+import ipaddress
+import textwrap
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from xdplb.config import Config, EncapKind, HashFields, load_config, parse_config
+from xdplb.errors import ConfigError
+
+pytestmark = pytest.mark.unit
+
+GOOD = textwrap.dedent(
+    """
+    instance: lab
+    interfaces: [eth0]
+    tunnel: {source_v4: 198.18.0.2, source_v6: "fd78:6470:6c62::2"}
+    vips:
+      - address: 198.18.100.1
+        port: 80
+        protocol: tcp
+        backends:
+          - {address: 198.18.0.11, weight: 2}
+          - {address: 198.18.0.12}
+      - address: "fd78:6470:6c62:100::1"
+        port: 0
+        protocol: udp
+        encap: ipip
+        hash: source
+        table_size: 1009
+        backends: [{address: "fd78:6470:6c62::11"}]
+    """
+)
+
+
+def good() -> dict[str, Any]:
+    import yaml
+
+    data = yaml.safe_load(GOOD)
+    assert isinstance(data, dict)
+    return data
+
+
+def test_good_file_loads(tmp_path: Path) -> None:
+    path = tmp_path / "lb.yaml"
+    path.write_text(GOOD)
+    cfg = load_config(path)
+    assert cfg.instance == "lab"
+    assert cfg.vips[0].backends[0].weight == 2
+    assert cfg.vips[0].backends[1].weight == 1
+    assert cfg.vips[1].encap is EncapKind.IPIP
+    assert cfg.vips[1].hash is HashFields.SOURCE
+    assert cfg.vip_table_size(cfg.vips[0]) == 65537
+    assert cfg.vip_table_size(cfg.vips[1]) == 1009
+    assert cfg.backend_addresses() == {
+        ipaddress.ip_address("198.18.0.11"),
+        ipaddress.ip_address("198.18.0.12"),
+        ipaddress.ip_address("fd78:6470:6c62::11"),
+    }
+
+
+def test_empty_document_is_an_empty_config() -> None:
+    assert parse_config(None) == Config()
+
+
+def _set(data: dict[str, Any], path: tuple[Any, ...], value: Any) -> dict[str, Any]:
+    node: Any = data
+    for p in path[:-1]:
+        node = node[p]
+    node[path[-1]] = value
+    return data
+
+
+@pytest.mark.parametrize(
+    ("path", "value", "field", "text"),
+    [
+        (("vips", 0, "backends", 1, "weight"), 70000, "vips[0].backends[1].weight", "65535"),
+        (("vips", 0, "backends", 1, "weight"), -1, "vips[0].backends[1].weight", "0"),
+        (("vips", 0, "backends", 0, "address"), "198.18.0.300", "vips[0].backends[0].address", ""),
+        (("vips", 0, "address"), "not-an-ip", "vips[0].address", ""),
+        (("vips", 0, "port"), 65536, "vips[0].port", "65535"),
+        (("vips", 0, "protocol"), "sctp", "vips[0].protocol", "tcp"),
+        (("vips", 1, "encap"), "gre", "vips[1].encap", "gue"),
+        (("vips", 1, "hash"), "dst", "vips[1].hash", "source"),
+        (("vips", 1, "table_size"), 1000, "vips[1].table_size", "prime"),
+        (("table_size",), 65536, "table_size", "prime"),
+        (("hash_seed",), 2**32, "hash_seed", ""),
+        (("instance",), "a/b", "instance", ""),
+        (("interfaces",), ["eth0", "eth0"], "interfaces", "twice"),
+        (("tunnel", "gue_port"), 0, "tunnel.gue_port", ""),
+        (("tunnel", "source_v4"), None, "vips[0].backends[0].address", "source_v4"),
+        (("vips", 0, "colour"), "red", "vips[0].colour", "Extra"),
+    ],
+)
+def test_errors_name_the_field(path: tuple[Any, ...], value: Any, field: str, text: str) -> None:
+    data = _set(good(), path, value)
+    with pytest.raises(ConfigError) as exc:
+        parse_config(data)
+    assert exc.value.field == field
+    assert text in str(exc.value)
+
+
+def test_duplicates_are_refused() -> None:
+    data = good()
+    data["vips"].append(dict(data["vips"][0]))
+    with pytest.raises(ConfigError, match="listed twice") as exc:
+        parse_config(data)
+    assert exc.value.field == "vips"
+    data = good()
+    data["vips"][0]["backends"].append({"address": "198.18.0.11"})
+    with pytest.raises(ConfigError, match="198.18.0.11 is listed twice") as exc:
+        parse_config(data)
+    assert exc.value.field == "vips[0].backends"
+
+
+def test_bad_yaml_and_missing_file(tmp_path: Path) -> None:
+    path = tmp_path / "bad.yaml"
+    path.write_text("vips: [\n")
+    with pytest.raises(ConfigError, match="not valid YAML"):
+        load_config(path)
+    with pytest.raises(ConfigError, match="cannot read"):
+        load_config(tmp_path / "missing.yaml")
+    path.write_text("- a list\n")
+    with pytest.raises(ConfigError, match="mapping"):
+        load_config(path)

@@ -1,0 +1,173 @@
+"""The planner, without a kernel: plans reach the desired state, touch nothing else,
+keep identities stable, and order operations so every intermediate state is safe."""
+
+from __future__ import annotations
+
+import ipaddress
+from typing import Any
+
+import numpy as np
+import pytest
+
+from xdplb import abi
+from xdplb.config import Config, parse_config
+from xdplb.planner import (
+    DeleteBackend,
+    DeleteTable,
+    DeleteVip,
+    DeleteVipAddr,
+    Op,
+    PutBackend,
+    PutTable,
+    PutVip,
+    PutVipAddr,
+    SetTunnel,
+    Snapshot,
+    apply_to_snapshot,
+    plan,
+    vip_key,
+)
+
+pytestmark = pytest.mark.unit
+
+ip = ipaddress.ip_address
+
+
+def config(vips: list[dict[str, Any]], **kw: Any) -> Config:
+    doc: dict[str, Any] = {
+        "tunnel": {"source_v4": "198.18.0.2", "source_v6": "fd78:6470:6c62::2"},
+        "table_size": 1009,
+        "vips": vips,
+    }
+    doc.update(kw)
+    return parse_config(doc)
+
+
+def vip(addr: str, port: int, *backends: str | tuple[str, int], **kw: Any) -> dict[str, Any]:
+    bes = [{"address": b} if isinstance(b, str) else {"address": b[0], "weight": b[1]}
+           for b in backends]
+    return {"address": addr, "port": port, "backends": bes, **kw}
+
+
+def converge(cfg: Config, snap: Snapshot) -> tuple[list[Op], Snapshot]:
+    ops = plan(cfg, snap)
+    after = apply_to_snapshot(snap, ops)
+    assert plan(cfg, after) == [], "a second plan must be empty"
+    return ops, after
+
+
+def check_safe_order(snap: Snapshot, ops: list[Op]) -> None:
+    """Replay ops one by one: every VIP's table exists and names only active backends."""
+    cur = snap
+    for op in ops:
+        cur = apply_to_snapshot(cur, [op])
+        for key, st in cur.vips.items():
+            table = cur.tables.get(st.vip_id)
+            if table is None:
+                continue
+            assert table.shape[0] == st.table_size, f"{key}: size mismatch after {op}"
+            for bid in np.unique(table[:, 0]):
+                assert cur.backends[int(bid)].active, f"{key} names inactive {bid} after {op}"
+
+
+def test_first_plan_builds_everything() -> None:
+    cfg = config([vip("198.18.100.1", 80, "198.18.0.11", "198.18.0.12")])
+    ops, snap = converge(cfg, Snapshot())
+    kinds = [type(o) for o in ops]
+    assert kinds == [SetTunnel, PutBackend, PutBackend, PutTable, PutVip, PutVipAddr]
+    assert {b.address for b in snap.backends.values()} == {ip("198.18.0.11"), ip("198.18.0.12")}
+    assert 0 not in snap.backends, "backend id 0 means 'none' and is never allocated"
+    st = snap.vips[(ip("198.18.100.1"), 80, abi.IPPROTO_TCP)]
+    assert st.table_size == 1009 and st.encap is abi.Encap.GUE and st.flags == 0
+    table = snap.tables[st.vip_id]
+    assert table.shape == (1009, abi.MAX_HOPS)
+    assert set(np.unique(table[:, 0])) == set(snap.backends)
+    assert not table[:, 1].any(), "Maglev tables have no second hop"
+    assert snap.vip_addrs == {ip("198.18.100.1"): 1}
+
+
+def test_identities_survive_replanning_and_restarts() -> None:
+    cfg1 = config([vip("198.18.100.1", 80, "198.18.0.11", "198.18.0.12", "198.18.0.13")])
+    _, snap1 = converge(cfg1, Snapshot())
+    ids1 = {b.address: i for i, b in snap1.backends.items()}
+    # Remove one backend, add another: the survivors keep their ids and the VIP its id.
+    cfg2 = config([vip("198.18.100.1", 80, "198.18.0.11", "198.18.0.13", "198.18.0.14")])
+    ops, snap2 = converge(cfg2, snap1)
+    check_safe_order(snap1, ops)
+    active2 = {b.address: i for i, b in snap2.backends.items() if b.active}
+    assert active2[ip("198.18.0.11")] == ids1[ip("198.18.0.11")]
+    assert active2[ip("198.18.0.13")] == ids1[ip("198.18.0.13")]
+    assert not snap2.backends[ids1[ip("198.18.0.12")]].active
+    assert DeleteBackend(ids1[ip("198.18.0.12")]) in ops
+    assert [type(o) for o in ops].index(DeleteBackend) > [type(o) for o in ops].index(PutTable)
+    key = (ip("198.18.100.1"), 80, abi.IPPROTO_TCP)
+    assert snap2.vips[key].vip_id == snap1.vips[key].vip_id
+
+
+def test_unchanged_config_plans_nothing_and_weight_change_only_rewrites_table() -> None:
+    cfg = config([vip("198.18.100.1", 80, "198.18.0.11", "198.18.0.12")])
+    _, snap = converge(cfg, Snapshot())
+    assert plan(cfg, snap) == []
+    cfg2 = config([vip("198.18.100.1", 80, ("198.18.0.11", 3), "198.18.0.12")])
+    ops, snap2 = converge(cfg2, snap)
+    assert [type(o) for o in ops] == [PutTable]
+    counts = np.bincount(snap2.tables[0][:, 0])
+    assert counts[1] == pytest.approx(3 * counts[2], rel=0.02)
+
+
+def test_table_size_change_moves_vip_to_a_fresh_id() -> None:
+    cfg = config([vip("198.18.100.1", 80, "198.18.0.11")])
+    _, snap = converge(cfg, Snapshot())
+    cfg2 = config([vip("198.18.100.1", 80, "198.18.0.11", table_size=101)])
+    ops, snap2 = converge(cfg2, snap)
+    check_safe_order(snap, ops)
+    key = (ip("198.18.100.1"), 80, abi.IPPROTO_TCP)
+    assert snap2.vips[key].vip_id != snap.vips[key].vip_id
+    assert snap2.vips[key].table_size == 101
+    assert DeleteTable(snap.vips[key].vip_id) in ops
+    assert list(snap2.tables) == [snap2.vips[key].vip_id]
+
+
+def test_removing_everything_deletes_in_safe_order() -> None:
+    cfg = config([vip("198.18.100.1", 80, "198.18.0.11"), vip("198.18.100.1", 53, "198.18.0.12",
+                                                              protocol="udp")])
+    _, snap = converge(cfg, Snapshot())
+    assert snap.vip_addrs == {ip("198.18.100.1"): 2}
+    ops, empty = converge(config([]), snap)
+    check_safe_order(snap, ops)
+    kinds = [type(o) for o in ops]
+    assert kinds == [DeleteVip, DeleteVip, DeleteVipAddr, DeleteTable, DeleteTable,
+                     DeleteBackend, DeleteBackend]
+    assert empty.vips == {} and empty.tables == {} and empty.vip_addrs == {}
+    assert not any(b.active for b in empty.backends.values())
+
+
+def test_zero_weights_leave_vip_without_table() -> None:
+    cfg = config([vip("198.18.100.1", 80, ("198.18.0.11", 0))])
+    _, snap = converge(cfg, Snapshot())
+    assert snap.tables == {}
+    assert len(snap.vips) == 1
+
+
+def test_flags_encap_and_shared_backends() -> None:
+    cfg = config([
+        vip("198.18.100.1", 0, "198.18.0.11", "fd78:6470:6c62::11", hash="source", encap="ipip"),
+        vip("fd78:6470:6c62:100::1", 443, "198.18.0.11"),
+    ])
+    _, snap = converge(cfg, Snapshot())
+    st = snap.vips[vip_key(cfg.vips[0])]
+    assert st.flags == abi.VIP_F_SRC_HASH and st.encap is abi.Encap.IPIP
+    # One backend shared by two VIPs has one id.
+    assert sum(1 for b in snap.backends.values() if b.address == ip("198.18.0.11")) == 1
+    assert snap.tunnel.src6 == ip("fd78:6470:6c62::2")
+
+
+def test_new_vip_never_reuses_an_id_still_live() -> None:
+    cfg = config([vip("198.18.100.1", 80, "198.18.0.11"), vip("198.18.100.2", 80, "198.18.0.11")])
+    _, snap = converge(cfg, Snapshot())
+    # Replace VIP .1 by .3 in one step: .3 must not take .1's id while .1 still exists.
+    cfg2 = config([vip("198.18.100.3", 80, "198.18.0.11"), vip("198.18.100.2", 80, "198.18.0.11")])
+    ops, snap2 = converge(cfg2, snap)
+    check_safe_order(snap, ops)
+    old_id = snap.vips[(ip("198.18.100.1"), 80, abi.IPPROTO_TCP)].vip_id
+    assert snap2.vips[(ip("198.18.100.3"), 80, abi.IPPROTO_TCP)].vip_id != old_id
