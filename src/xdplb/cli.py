@@ -28,8 +28,9 @@ from xdplb.errors import ConfigError, XdplbError
 
 EXIT_OK, EXIT_RUNTIME, EXIT_CONFIG, EXIT_NOT_RUNNING = 0, 1, 2, 3
 
-app = typer.Typer(add_completion=False, no_args_is_help=True,
-                  help="xdplb: an XDP layer-4 load balancer.")
+app = typer.Typer(
+    add_completion=False, no_args_is_help=True, help="xdplb: an XDP layer-4 load balancer."
+)
 console = Console()
 err = Console(stderr=True)
 
@@ -133,28 +134,39 @@ def _status_data(name: str) -> dict[str, Any]:
                 ids, counts = _unique(table[:, 0])
                 share = dict(zip(ids, counts, strict=True))
             s = counters.vips.get(st.vip_id, abi.Stats())
-            vips.append({
-                "id": st.vip_id,
-                "address": str(addr),
-                "port": port,
-                "protocol": "tcp" if proto == abi.IPPROTO_TCP else "udp",
-                "encap": st.encap.name.lower(),
-                "hash": "source" if st.flags & abi.VIP_F_SRC_HASH else "5tuple",
-                "table_size": st.table_size,
-                "table_share": {str(k): v / st.table_size for k, v in share.items()},
-                "packets": s.packets, "bytes": s.bytes, "new_flows": s.new_flows,
-            })
+            vips.append(
+                {
+                    "id": st.vip_id,
+                    "address": str(addr),
+                    "port": port,
+                    "protocol": "tcp" if proto == abi.IPPROTO_TCP else "udp",
+                    "encap": st.encap.name.lower(),
+                    "hash": "source" if st.flags & abi.VIP_F_SRC_HASH else "5tuple",
+                    "table_size": st.table_size,
+                    "table_share": {str(k): v / st.table_size for k, v in share.items()},
+                    "packets": s.packets,
+                    "bytes": s.bytes,
+                    "new_flows": s.new_flows,
+                }
+            )
         backends = []
         for bid, b in sorted(snap.backends.items()):
             s = counters.backends.get(bid, abi.Stats())
-            backends.append({
-                "id": bid, "address": str(b.address), "active": b.active,
-                "packets": s.packets, "bytes": s.bytes, "new_flows": s.new_flows,
-            })
+            backends.append(
+                {
+                    "id": bid,
+                    "address": str(b.address),
+                    "active": b.active,
+                    "packets": s.packets,
+                    "bytes": s.bytes,
+                    "new_flows": s.new_flows,
+                }
+            )
         return {
             "instance": name,
-            "attached": sorted(p.name.removeprefix("xdp_")
-                               for p in (paths.pin_root(name) / "links").glob("xdp_*")),
+            "attached": sorted(
+                p.name.removeprefix("xdp_") for p in (paths.pin_root(name) / "links").glob("xdp_*")
+            ),
             "vips": vips,
             "backends": backends,
             "drops": {r.name.lower(): n for r, n in counters.drops.items()},
@@ -188,26 +200,45 @@ def status(
     if as_json:
         sys.stdout.write(json.dumps(data, indent=2) + "\n")
         return
-    console.print(f"instance [bold]{name}[/bold], attached to "
-                  f"{', '.join(data['attached']) or 'nothing'}; "
-                  f"{data['connections']} connections tracked")
+    console.print(
+        f"instance [bold]{name}[/bold], attached to "
+        f"{', '.join(data['attached']) or 'nothing'}; "
+        f"{data['connections']} connections tracked"
+    )
     vt = Table(title="VIPs")
     for col in ("id", "VIP", "encap", "hash", "table", "packets", "bytes", "new flows"):
         vt.add_column(col, justify="right" if col in {"packets", "bytes", "new flows"} else "left")
     for v in data["vips"]:
         host = f"[{v['address']}]" if ":" in v["address"] else v["address"]
-        vt.add_row(str(v["id"]), f"{host}:{v['port']}/{v['protocol']}", v["encap"], v["hash"],
-                   str(v["table_size"]), str(v["packets"]), str(v["bytes"]), str(v["new_flows"]))
+        vt.add_row(
+            str(v["id"]),
+            f"{host}:{v['port']}/{v['protocol']}",
+            v["encap"],
+            v["hash"],
+            str(v["table_size"]),
+            str(v["packets"]),
+            str(v["bytes"]),
+            str(v["new_flows"]),
+        )
     console.print(vt)
     bt = Table(title="Backends")
     for col in ("id", "address", "state", "table share", "packets", "bytes", "new flows"):
         bt.add_column(col)
     for b in data["backends"]:
-        shares = [f"{v['table_share'][str(b['id'])]:.1%}" for v in data["vips"]
-                  if str(b["id"]) in v["table_share"]]
-        bt.add_row(str(b["id"]), b["address"], "active" if b["active"] else "removed",
-                   " ".join(shares) or "-", str(b["packets"]), str(b["bytes"]),
-                   str(b["new_flows"]))
+        shares = [
+            f"{v['table_share'][str(b['id'])]:.1%}"
+            for v in data["vips"]
+            if str(b["id"]) in v["table_share"]
+        ]
+        bt.add_row(
+            str(b["id"]),
+            b["address"],
+            "active" if b["active"] else "removed",
+            " ".join(shares) or "-",
+            str(b["packets"]),
+            str(b["bytes"]),
+            str(b["new_flows"]),
+        )
     console.print(bt)
     ct = Table(title="Events and drops")
     ct.add_column("counter")

@@ -81,8 +81,9 @@ class Daemon:
         t0 = time.perf_counter()
         self.dp.apply(ops)
         if ops:
-            log.info("applied %d map operations in %.1f ms", len(ops),
-                     1e3 * (time.perf_counter() - t0))
+            log.info(
+                "applied %d map operations in %.1f ms", len(ops), 1e3 * (time.perf_counter() - t0)
+            )
         self.config = cfg
         return len(ops)
 
@@ -95,8 +96,11 @@ class Daemon:
             log.error("configuration refused, still serving the previous one: %s", e)
             return False
         if cfg.instance != self.config.instance:
-            log.error("configuration refused: instance cannot change while running "
-                      "(%s -> %s)", self.config.instance, cfg.instance)
+            log.error(
+                "configuration refused: instance cannot change while running (%s -> %s)",
+                self.config.instance,
+                cfg.instance,
+            )
             return False
         self.apply(cfg)
         return True

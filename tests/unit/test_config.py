@@ -112,7 +112,7 @@ def test_duplicates_are_refused() -> None:
     assert exc.value.field == "vips"
     data = good()
     data["vips"][0]["backends"].append({"address": "198.18.0.11"})
-    with pytest.raises(ConfigError, match="198.18.0.11 is listed twice") as exc:
+    with pytest.raises(ConfigError, match=r"198\.18\.0\.11 is listed twice") as exc:
         parse_config(data)
     assert exc.value.field == "vips[0].backends"
 

@@ -44,8 +44,10 @@ def config(vips: list[dict[str, Any]], **kw: Any) -> Config:
 
 
 def vip(addr: str, port: int, *backends: str | tuple[str, int], **kw: Any) -> dict[str, Any]:
-    bes = [{"address": b} if isinstance(b, str) else {"address": b[0], "weight": b[1]}
-           for b in backends]
+    bes = [
+        {"address": b} if isinstance(b, str) else {"address": b[0], "weight": b[1]}
+        for b in backends
+    ]
     return {"address": addr, "port": port, "backends": bes, **kw}
 
 
@@ -129,15 +131,26 @@ def test_table_size_change_moves_vip_to_a_fresh_id() -> None:
 
 
 def test_removing_everything_deletes_in_safe_order() -> None:
-    cfg = config([vip("198.18.100.1", 80, "198.18.0.11"), vip("198.18.100.1", 53, "198.18.0.12",
-                                                              protocol="udp")])
+    cfg = config(
+        [
+            vip("198.18.100.1", 80, "198.18.0.11"),
+            vip("198.18.100.1", 53, "198.18.0.12", protocol="udp"),
+        ]
+    )
     _, snap = converge(cfg, Snapshot())
     assert snap.vip_addrs == {ip("198.18.100.1"): 2}
     ops, empty = converge(config([]), snap)
     check_safe_order(snap, ops)
     kinds = [type(o) for o in ops]
-    assert kinds == [DeleteVip, DeleteVip, DeleteVipAddr, DeleteTable, DeleteTable,
-                     DeleteBackend, DeleteBackend]
+    assert kinds == [
+        DeleteVip,
+        DeleteVip,
+        DeleteVipAddr,
+        DeleteTable,
+        DeleteTable,
+        DeleteBackend,
+        DeleteBackend,
+    ]
     assert empty.vips == {} and empty.tables == {} and empty.vip_addrs == {}
     assert not any(b.active for b in empty.backends.values())
 
@@ -150,10 +163,14 @@ def test_zero_weights_leave_vip_without_table() -> None:
 
 
 def test_flags_encap_and_shared_backends() -> None:
-    cfg = config([
-        vip("198.18.100.1", 0, "198.18.0.11", "fd78:6470:6c62::11", hash="source", encap="ipip"),
-        vip("fd78:6470:6c62:100::1", 443, "198.18.0.11"),
-    ])
+    cfg = config(
+        [
+            vip(
+                "198.18.100.1", 0, "198.18.0.11", "fd78:6470:6c62::11", hash="source", encap="ipip"
+            ),
+            vip("fd78:6470:6c62:100::1", 443, "198.18.0.11"),
+        ]
+    )
     _, snap = converge(cfg, Snapshot())
     st = snap.vips[vip_key(cfg.vips[0])]
     assert st.flags == abi.VIP_F_SRC_HASH and st.encap is abi.Encap.IPIP

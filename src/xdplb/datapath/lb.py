@@ -158,14 +158,17 @@ class LbMaps:
         def u64(m: Map, idx: int) -> int:
             return sum(struct.unpack("<Q", raw)[0] for raw in m.lookup_percpu(_u32(idx)))
 
-        snap_vips = {info.vip_id for info in self.snapshot().vips.values()}
-        backends = self.snapshot().backends
+        snap = self.snapshot()
+        _, _, conns = self["lb_conns"].lookup_batch()
         return Counters(
             drops={r: u64(self["lb_drops"], r) for r in abi.DropReason},
             events={e: u64(self["lb_events"], e) for e in abi.Event},
-            vips={i: total(self["lb_vip_stats"], i, abi.Stats) for i in sorted(snap_vips)},
-            backends={i: total(self["lb_be_stats"], i, abi.Stats) for i in sorted(backends)},
-            conns=sum(1 for _ in self["lb_conns"].keys()),
+            vips={
+                st.vip_id: total(self["lb_vip_stats"], st.vip_id, abi.Stats)
+                for st in snap.vips.values()
+            },
+            backends={i: total(self["lb_be_stats"], i, abi.Stats) for i in sorted(snap.backends)},
+            conns=conns,
         )
 
     # -- writing -------------------------------------------------------------------------
