@@ -21,7 +21,7 @@ import numpy as np
 
 from xdplb import abi, paths
 from xdplb.datapath.links import Link, XdpMode, attach_xdp
-from xdplb.datapath.maps import Map, MapType
+from xdplb.datapath.maps import BPF_F_INNER_MAP, Map, MapType
 from xdplb.datapath.objects import BpfObject
 from xdplb.datapath.programs import Program
 from xdplb.planner import (
@@ -202,8 +202,14 @@ class LbMaps:
                 # A new inner map, filled, then swapped in with one update: lb_xdp sees the
                 # old table or the new one, never a half-written one.
                 size = buckets.shape[0]
+                # BPF_F_INNER_MAP on both sides: the kernel compares flags with the template.
                 with Map.create(
-                    MapType.ARRAY, 4, ctypes.sizeof(abi.Bucket), size, name=f"lb_tbl_{vip_id}"
+                    MapType.ARRAY,
+                    4,
+                    ctypes.sizeof(abi.Bucket),
+                    size,
+                    name=f"lb_tbl_{vip_id}",
+                    flags=BPF_F_INNER_MAP,
                 ) as inner:
                     inner.update_array(np.ascontiguousarray(buckets, dtype=np.uint32))
                     self["lb_tables"].update(_u32(vip_id), _u32(inner.fd))

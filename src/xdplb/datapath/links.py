@@ -1,0 +1,135 @@
+"""Attaching programs: XDP through bpf_link, TC (clsact, direct-action) through netlink."""
+
+from __future__ import annotations
+
+import enum
+import errno
+
+from xdplb.datapath._ffi import StrPath, check, close_fd, lib, new_opts, obj_get, obj_info, obj_pin
+from xdplb.datapath.programs import Program
+
+
+class XdpMode(enum.IntEnum):
+    """XDP attach mode: the XDP_FLAGS_* value passed to bpf_link_create."""
+
+    GENERIC = 1 << 1  # XDP_FLAGS_SKB_MODE
+    NATIVE = 1 << 2  # XDP_FLAGS_DRV_MODE
+
+
+class Link:
+    """A bpf_link. Closing the fd detaches it unless it is pinned; detach() always does."""
+
+    def __init__(self, fd: int) -> None:
+        """Wrap ``fd`` (ownership is taken)."""
+        self._fd = fd
+
+    @classmethod
+    def from_pinned(cls, path: StrPath) -> Link:
+        return cls(obj_get(str(path), "bpf_obj_get"))
+
+    @property
+    def fd(self) -> int:
+        return self._fd
+
+    @property
+    def id(self) -> int:
+        return int(obj_info(self._fd, "bpf_link_info", "bpf_obj_get_info_by_fd(link)").id)
+
+    @property
+    def prog_id(self) -> int:
+        """Id of the program the link runs now (0 once detached)."""
+        return int(obj_info(self._fd, "bpf_link_info", "bpf_obj_get_info_by_fd(link)").prog_id)
+
+    def pin(self, path: StrPath) -> None:
+        """Pin in bpffs: the attachment then outlives this process."""
+        obj_pin(self._fd, str(path), "bpf_obj_pin(link)")
+
+    def update_program(self, prog: Program) -> None:
+        """Atomically replace the attached program (bpf_link_update)."""
+        check(
+            lib.bpf_link_update(self._fd, prog.fd, new_opts("bpf_link_update_opts")),
+            f"bpf_link_update({prog.name})",
+        )
+
+    def detach(self) -> None:
+        """Detach now, even if pinned or held open elsewhere (pins stay: unlink them)."""
+        check(lib.bpf_link_detach(self._fd), "bpf_link_detach")
+
+    def close(self) -> None:
+        fd, self._fd = self._fd, -1
+        close_fd(fd)
+
+    def __del__(self) -> None:
+        self.close()
+
+    def __enter__(self) -> Link:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def attach_xdp(prog: Program, ifindex: int, mode: XdpMode = XdpMode.NATIVE) -> Link:
+    """Attach an XDP program to ``ifindex`` (in the calling thread's netns) as a bpf_link."""
+    opts = new_opts("bpf_link_create_opts", flags=int(mode))
+    fd = lib.bpf_link_create(prog.fd, ifindex, lib.BPF_XDP, opts)
+    return Link(check(fd, f"bpf_link_create(xdp {prog.name}, ifindex {ifindex}, {mode.name})"))
+
+
+def _tc_hook(ifindex: int, ingress: bool) -> object:
+    point = lib.BPF_TC_INGRESS if ingress else lib.BPF_TC_EGRESS
+    return new_opts("bpf_tc_hook", ifindex=ifindex, attach_point=point)
+
+
+def _where(ifindex: int, ingress: bool) -> str:
+    return f"ifindex {ifindex} {'ingress' if ingress else 'egress'}"
+
+
+def tc_attach(
+    prog: Program, ifindex: int, *, ingress: bool = True, priority: int = 1, handle: int = 1
+) -> None:
+    """Attach a SCHED_CLS program direct-action on clsact, replacing any filter at the
+    same (priority, handle). Creates the clsact qdisc when missing."""
+    hook = _tc_hook(ifindex, ingress)
+    ret = lib.bpf_tc_hook_create(hook)
+    if ret != -errno.EEXIST:
+        check(ret, f"bpf_tc_hook_create({_where(ifindex, ingress)})")
+    opts = new_opts(
+        "bpf_tc_opts",
+        prog_fd=prog.fd,
+        handle=handle,
+        priority=priority,
+        flags=lib.BPF_TC_F_REPLACE,
+    )
+    check(lib.bpf_tc_attach(hook, opts), f"bpf_tc_attach({prog.name}, {_where(ifindex, ingress)})")
+
+
+def tc_detach(ifindex: int, *, ingress: bool = True, priority: int = 1, handle: int = 1) -> None:
+    """Remove the filter at (priority, handle); the clsact qdisc stays."""
+    opts = new_opts("bpf_tc_opts", handle=handle, priority=priority)
+    check(
+        lib.bpf_tc_detach(_tc_hook(ifindex, ingress), opts),
+        f"bpf_tc_detach({_where(ifindex, ingress)})",
+    )
+
+
+def tc_query(
+    ifindex: int, *, ingress: bool = True, priority: int = 1, handle: int = 1
+) -> int | None:
+    """Id of the program attached at (priority, handle), or None."""
+    opts = new_opts("bpf_tc_opts", handle=handle, priority=priority)
+    ret = lib.bpf_tc_query(_tc_hook(ifindex, ingress), opts)
+    if ret in (-errno.ENOENT, -errno.EINVAL):  # no filter / no clsact qdisc
+        return None
+    check(ret, f"bpf_tc_query({_where(ifindex, ingress)})")
+    return int(opts.prog_id)
+
+
+def tc_hook_destroy(ifindex: int) -> None:
+    """Delete the clsact qdisc (both directions, with their filters)."""
+    hook = new_opts(
+        "bpf_tc_hook", ifindex=ifindex, attach_point=lib.BPF_TC_INGRESS | lib.BPF_TC_EGRESS
+    )
+    ret = lib.bpf_tc_hook_destroy(hook)
+    if ret != -errno.ENOENT:
+        check(ret, f"bpf_tc_hook_destroy(ifindex {ifindex})")

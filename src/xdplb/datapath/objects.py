@@ -1,0 +1,110 @@
+"""BPF object files: open, pin-aware load, and the programs and maps they hold."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+from xdplb.datapath._ffi import StrPath, capture_log, ffi, lib, new_opts
+from xdplb.datapath.maps import Map
+from xdplb.datapath.programs import Program
+from xdplb.errors import LoadError
+
+
+class BpfObject:
+    """A loaded BPF object (one ``.bpf.o``).
+
+    Its programs and maps are handles on duplicated descriptors. close() closes them
+    all; to keep one beyond that, take ``Map.from_fd(obj.map(name).fd)`` first.
+    """
+
+    def __init__(self, path: Path, obj: Any, pin_root: Path | None) -> None:
+        self.path = path
+        self.pin_root = pin_root
+        self._obj = obj
+        self.programs: dict[str, Program] = {}
+        self.maps: dict[str, Map] = {}
+        try:
+            self._collect(obj)
+        except BaseException:
+            self.close()  # takes the libbpf object down with it
+            raise
+
+    def _collect(self, obj: Any) -> None:
+        """Take a handle on every program and every map libbpf created."""
+        prog = lib.bpf_object__next_program(obj, ffi.NULL)
+        while prog != ffi.NULL:
+            name = ffi.string(lib.bpf_program__name(prog)).decode()
+            self.programs[name] = Program.from_fd(lib.bpf_program__fd(prog), name)
+            prog = lib.bpf_object__next_program(obj, prog)
+        m = lib.bpf_object__next_map(obj, ffi.NULL)
+        while m != ffi.NULL:
+            name = ffi.string(lib.bpf_map__name(m)).decode()
+            fd = lib.bpf_map__fd(m)
+            if fd >= 0:  # maps libbpf did not create (autocreate off) have no fd
+                self.maps[name] = Map.from_fd(fd, name)
+            m = lib.bpf_object__next_map(obj, m)
+
+    @classmethod
+    def load(cls, path: StrPath, pin_root: StrPath | None = None) -> BpfObject:
+        """Open and load ``path``. Maps declared LIBBPF_PIN_BY_NAME are pinned under
+        ``pin_root`` (created if missing), or reused with their contents if already
+        pinned there. Raises LoadError with errno and the libbpf/verifier log."""
+        path = Path(path)
+        root = Path(pin_root) if pin_root is not None else None
+        c_path = os.fsencode(path)
+        # opts only points at the string: keep it alive in c_root for the whole call.
+        c_root = ffi.new("char[]", os.fsencode(root)) if root is not None else ffi.NULL
+        if root is not None:
+            root.mkdir(parents=True, exist_ok=True)
+        opts = new_opts("bpf_object_open_opts", pin_root_path=c_root)
+        with capture_log() as log:
+            obj = lib.bpf_object__open_file(c_path, opts)
+            if obj == ffi.NULL:
+                err = ffi.errno  # read before anything else can clobber it
+                raise LoadError(f"bpf_object__open_file({path})", err, "".join(log))
+            ret = lib.bpf_object__load(obj)
+            if ret < 0:
+                lib.bpf_object__close(obj)
+                raise LoadError(f"bpf_object__load({path})", -ret, "".join(log))
+        return cls(path, obj, root)
+
+    def program(self, name: str) -> Program:
+        try:
+            return self.programs[name]
+        except KeyError:
+            raise KeyError(
+                f"{self.path.name} has no program {name!r}: {sorted(self.programs)}"
+            ) from None
+
+    def map(self, name: str) -> Map:
+        try:
+            return self.maps[name]
+        except KeyError:
+            raise KeyError(f"{self.path.name} has no map {name!r}: {sorted(self.maps)}") from None
+
+    def close(self) -> None:
+        """Close the object and every handle it gave out through programs/maps."""
+        for prog in self.programs.values():
+            prog.close()
+        for m in self.maps.values():
+            m.close()
+        obj, self._obj = self._obj, None
+        if obj is not None:
+            lib.bpf_object__close(obj)
+
+    def __del__(self) -> None:
+        # Only the libbpf object: handles already given out close themselves.
+        obj, self._obj = getattr(self, "_obj", None), None
+        if obj is not None:
+            lib.bpf_object__close(obj)
+
+    def __enter__(self) -> BpfObject:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        return f"BpfObject({str(self.path)!r}, programs={sorted(self.programs)})"
