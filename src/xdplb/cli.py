@@ -207,7 +207,8 @@ def status(
     )
     vt = Table(title="VIPs")
     for col in ("id", "VIP", "encap", "hash", "table", "packets", "bytes", "new flows"):
-        vt.add_column(col, justify="right" if col in {"packets", "bytes", "new flows"} else "left")
+        numeric = col in {"packets", "bytes", "new flows"}
+        vt.add_column(col, justify="right" if numeric else "left", no_wrap=col == "VIP")
     for v in data["vips"]:
         host = f"[{v['address']}]" if ":" in v["address"] else v["address"]
         vt.add_row(
@@ -223,7 +224,7 @@ def status(
     console.print(vt)
     bt = Table(title="Backends")
     for col in ("id", "address", "state", "table share", "packets", "bytes", "new flows"):
-        bt.add_column(col)
+        bt.add_column(col, no_wrap=col == "address")
     for b in data["backends"]:
         shares = [
             f"{v['table_share'][str(b['id'])]:.1%}"

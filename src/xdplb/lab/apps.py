@@ -1,0 +1,128 @@
+"""The lab's backend applications: real servers that say who they are.
+
+One process per backend runs, on every address of its namespace (VIPs on loopback
+included), dual-stack:
+- HTTP on ``--http`` (default 80): ``GET`` answers ``<name>\\n``; ``POST`` answers
+  ``<name>\\n`` followed by the request body, so a client can verify the bytes;
+- a TCP echo on ``--echo`` (default 7): sends ``<name>\\n`` on accept, then echoes every
+  byte until the client closes — long-lived streaming connections;
+- a UDP echo on ``--udp`` (default 53): answers ``<name>\\n`` + the datagram.
+
+Run as ``python -m xdplb.lab.apps --name b1`` inside a backend namespace.
+"""
+
+from __future__ import annotations
+
+import argparse
+import signal
+import socket
+import socketserver
+import sys
+import threading
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from types import FrameType
+
+
+class _DualStack:
+    """Listen on [::] with IPV6_V6ONLY off, so IPv4 and IPv6 VIPs share one socket."""
+
+    address_family = socket.AF_INET6
+    allow_reuse_address = True
+    daemon_threads = True
+
+    def server_bind(self) -> None:
+        sock: socket.socket = self.socket  # type: ignore[attr-defined]
+        sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 0)
+        super().server_bind()  # type: ignore[misc]
+
+
+class HttpServer(_DualStack, ThreadingHTTPServer):
+    name = ""
+
+
+class EchoServer(_DualStack, socketserver.ThreadingTCPServer):
+    name = ""
+
+
+class _Http(BaseHTTPRequestHandler):
+    server: HttpServer
+    protocol_version = "HTTP/1.1"
+
+    def _reply(self, body: bytes) -> None:
+        self.send_response(200)
+        self.send_header("Content-Type", "text/plain")
+        self.send_header("Content-Length", str(len(body)))
+        self.send_header("X-Backend", self.server.name)
+        self.end_headers()
+        self.wfile.write(body)
+
+    def do_GET(self) -> None:
+        self._reply(f"{self.server.name}\n".encode())
+
+    def do_POST(self) -> None:
+        n = int(self.headers.get("Content-Length", "0"))
+        self._reply(f"{self.server.name}\n".encode() + self.rfile.read(n))
+
+    def log_message(self, format: str, *args: object) -> None:  # noqa: A002 - base signature
+        pass
+
+
+class _Echo(socketserver.BaseRequestHandler):
+    server: EchoServer
+
+    def handle(self) -> None:
+        conn: socket.socket = self.request
+        conn.sendall(f"{self.server.name}\n".encode())
+        while data := conn.recv(65536):
+            conn.sendall(data)
+
+
+def _udp_echo(name: str, port: int, stop: threading.Event) -> None:
+    sock = socket.socket(socket.AF_INET6, socket.SOCK_DGRAM)
+    sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 0)
+    sock.bind(("::", port))
+    sock.settimeout(0.2)
+    prefix = f"{name}\n".encode()
+    while not stop.is_set():
+        try:
+            data, peer = sock.recvfrom(65536)
+        except TimeoutError:
+            continue
+        sock.sendto(prefix + data, peer)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__)
+    ap.add_argument("--name", required=True)
+    ap.add_argument("--http", type=int, default=80)
+    ap.add_argument("--echo", type=int, default=7)
+    ap.add_argument("--udp", type=int, default=53)
+    args = ap.parse_args(argv)
+
+    http = HttpServer(("::", args.http), _Http)
+    echo = EchoServer(("::", args.echo), _Echo)
+    http.name = echo.name = args.name
+    stop = threading.Event()
+    threads = [
+        threading.Thread(target=http.serve_forever, daemon=True),
+        threading.Thread(target=echo.serve_forever, daemon=True),
+        threading.Thread(target=_udp_echo, args=(args.name, args.udp, stop), daemon=True),
+    ]
+    for t in threads:
+        t.start()
+
+    def _exit(_sig: int, _frame: FrameType | None) -> None:
+        stop.set()
+
+    signal.signal(signal.SIGTERM, _exit)
+    signal.signal(signal.SIGINT, _exit)
+    sys.stdout.write("ready\n")
+    sys.stdout.flush()
+    stop.wait()
+    http.shutdown()
+    echo.shutdown()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

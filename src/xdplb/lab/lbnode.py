@@ -1,0 +1,140 @@
+"""The lab's LB node: the real ``xdplb run`` daemon in the LB namespace.
+
+The daemon is started as its own process inside the namespace (only the network
+namespace changes, so bpffs stays visible), with a configuration file written here.
+Tests and the demo reload it, restart it, and read its pinned maps.
+"""
+
+from __future__ import annotations
+
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from xdplb import paths, planner
+from xdplb.config import Config, parse_config
+from xdplb.datapath.lb import LbMaps, destroy
+from xdplb.errors import LabError
+from xdplb.lab.topology import Lab
+
+
+class LbNode:
+    """``xdplb run`` in the lab's ``lb`` namespace, driven through its config file."""
+
+    def __init__(self, lab: Lab, workdir: Path, vips: list[dict[str, Any]], **extra: Any) -> None:
+        self.lab = lab
+        self.instance = f"{lab.prefix}-lb"
+        self.config_path = workdir / f"{self.instance}.yaml"
+        self.log_path = workdir / f"{self.instance}.log"
+        self.proc: subprocess.Popen[bytes] | None = None
+        lab.pin_root("lb")  # the lab removes our pins at teardown, whatever happens
+        lab.on_teardown(self.destroy)
+        self.doc: dict[str, Any] = {}
+        self.write(vips, **extra)
+
+    def write(self, vips: list[dict[str, Any]], **extra: Any) -> Config:
+        """Write a new configuration file (validated first); returns it."""
+        doc: dict[str, Any] = {
+            "instance": self.instance,
+            "interfaces": ["eth0"],
+            "table_size": 65537,
+            "tunnel": {
+                "source_v4": str(self.lab.addr("lb", 4)),
+                "source_v6": str(self.lab.addr("lb", 6)),
+            },
+            "vips": vips,
+        }
+        doc.update(extra)
+        cfg = parse_config(doc)
+        tmp = self.config_path.with_suffix(".tmp")
+        tmp.write_text(yaml.safe_dump(doc))
+        tmp.replace(self.config_path)  # atomic: the daemon never reads half a file
+        self.doc = doc
+        return cfg
+
+    @property
+    def config(self) -> Config:
+        return parse_config(self.doc)
+
+    def start(self, timeout: float = 15.0) -> None:
+        """Start the daemon and wait until the maps hold this configuration."""
+        if self.proc is not None and self.proc.poll() is None:
+            raise LabError("the LB daemon is already running")
+        log = self.log_path.open("ab")
+        self.proc = self.lab.popen(
+            "lb",
+            [sys.executable, "-m", "xdplb.cli", "run", "-c", str(self.config_path)],
+            stdout=log,
+            stderr=subprocess.STDOUT,
+        )
+        log.close()
+        self.wait_applied(timeout)
+
+    def stop_daemon(self, timeout: float = 10.0) -> None:
+        """SIGTERM the daemon: it exits and leaves lb_xdp attached (a restart/upgrade)."""
+        if self.proc is None:
+            return
+        self.proc.send_signal(signal.SIGTERM)
+        try:
+            rc = self.proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            raise LabError("the LB daemon ignored SIGTERM") from None
+        self.proc = None
+        if rc != 0:
+            raise LabError(f"the LB daemon exited with {rc}: {self.log_tail()}")
+
+    def reload(self, vips: list[dict[str, Any]], timeout: float = 10.0, **extra: Any) -> None:
+        """Write a new configuration, SIGHUP the daemon, wait until it is applied."""
+        self.write(vips, **extra)
+        if self.proc is None:
+            raise LabError("the LB daemon is not running")
+        self.proc.send_signal(signal.SIGHUP)
+        self.wait_applied(timeout)
+
+    def wait_applied(self, timeout: float) -> None:
+        """Until a plan against the pinned maps is empty: the daemon applied our config."""
+        cfg = self.config
+        deadline = time.monotonic() + timeout
+        while True:
+            if self.proc is not None and self.proc.poll() is not None:
+                raise LabError(f"the LB daemon exited: {self.log_tail()}")
+            try:
+                maps = LbMaps.from_pins(paths.pin_root(self.instance))
+            except FileNotFoundError:
+                pass
+            else:
+                try:
+                    if not planner.plan(cfg, maps.snapshot()) and self._attached():
+                        return
+                finally:
+                    maps.close()
+            if time.monotonic() > deadline:
+                raise LabError(f"the LB daemon did not apply its config: {self.log_tail()}")
+            time.sleep(0.05)
+
+    def _attached(self) -> bool:
+        return (paths.pin_root(self.instance) / "links" / "xdp_eth0").exists()
+
+    def maps(self) -> LbMaps:
+        """The daemon's pinned maps (the caller closes them)."""
+        return LbMaps.from_pins(paths.pin_root(self.instance))
+
+    def log_tail(self, lines: int = 20) -> str:
+        try:
+            return "\n".join(self.log_path.read_text().splitlines()[-lines:])
+        except OSError:
+            return "(no log)"
+
+    def destroy(self) -> None:
+        """Stop the daemon if running, detach lb_xdp and remove every pin."""
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait()
+        self.proc = None
+        destroy(self.instance)
