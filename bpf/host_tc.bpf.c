@@ -1,0 +1,50 @@
+// SPDX-License-Identifier: (GPL-2.0-only OR BSD-2-Clause)
+/*
+ * host_tc: TC ingress (direct action) on a backend host.  Decapsulates GUE
+ * and IPIP / IP6IP6 / 4in6 / 6in4 packets addressed to this host, in BPF,
+ * because the target kernels may have no ipip, fou or gre modules.  The
+ * inner packet goes up the stack to the VIP on the loopback, and the reply
+ * goes straight to the client (direct server return).
+ *
+ * Contract: docs/datapath.md, "host_tc".
+ */
+#include <linux/bpf.h>
+#include <linux/pkt_cls.h>
+#include <bpf/bpf_helpers.h>
+
+#include "xdplb_abi.h"
+#include "lib/host_maps.h"
+#include "lib/host_decap.h"
+
+SEC("tc")
+int host_tc(struct __sk_buff *skb)
+{
+	struct host_tunnel t = {};
+
+	/* Out of memory: leave the packet to the kernel rather than drop it. */
+	if (host_linearize(skb) < 0) {
+		host_count(XDPLB_HOST_PASS);
+		return TC_ACT_OK;
+	}
+
+	switch (host_parse(skb, &t)) {
+	case HOST_V_PASS:
+		host_count(XDPLB_HOST_PASS);
+		return TC_ACT_OK;
+	case HOST_V_MALFORMED:
+		/* Addressed to our tunnel endpoint but unusable: nobody else wants it. */
+		host_count(XDPLB_HOST_DROP_MALFORMED);
+		return TC_ACT_SHOT;
+	case HOST_V_DECAP:
+		break;
+	}
+
+	if (host_decap(skb, &t) < 0) {
+		host_count(XDPLB_HOST_DROP_DECAP);
+		return TC_ACT_SHOT;
+	}
+	host_count(t.event);
+	return TC_ACT_OK;
+}
+
+char LICENSE[] SEC("license") = "Dual BSD/GPL";

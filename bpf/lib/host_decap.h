@@ -1,0 +1,262 @@
+/* SPDX-License-Identifier: (GPL-2.0-only OR BSD-2-Clause) */
+/*
+ * Tunnel parsing and decapsulation for host_tc (docs/datapath.md, "host_tc").
+ *
+ * Parsing walks the outer headers with a pointer cursor and a bounds check
+ * right before each access; it returns what to do with the packet and, for
+ * a tunnel packet, how many bytes of outer headers sit between the Ethernet
+ * header and the inner IP header.
+ */
+#ifndef XDPLB_LIB_HOST_DECAP_H
+#define XDPLB_LIB_HOST_DECAP_H
+
+#include <stddef.h>
+#include <linux/bpf.h>
+#include <linux/if_ether.h>
+#include <linux/in.h>
+#include <linux/ip.h>
+#include <linux/ipv6.h>
+#include <linux/udp.h>
+#include <bpf/bpf_endian.h>
+#include <bpf/bpf_helpers.h>
+
+#include "xdplb_abi.h"
+#include "lib/gue.h"
+#include "lib/host_maps.h"
+
+/*
+ * bpf_skb_adjust_room() flags that set skb->protocol to the inner family on
+ * decap (kernel 6.3+).  The 6.1 UAPI header we build against lacks them, and
+ * newer headers define them as enum constants, which #ifndef cannot see:
+ * hence our own names.
+ */
+#define XDPLB_ADJ_ROOM_DECAP_L3_IPV4	(1ULL << 7)
+#define XDPLB_ADJ_ROOM_DECAP_L3_IPV6	(1ULL << 8)
+
+#ifndef IP_MF
+#define IP_MF		0x2000
+#define IP_OFFSET	0x1fff
+#endif
+
+/* Longest outer header stack we parse: Ethernet, IPv4 with options, UDP, GUE
+ * with the largest hlen, then the inner IPv6 header we check. */
+#define HOST_MAX_HDR	(ETH_HLEN + 60 + sizeof(struct udphdr) + \
+			 XDPLB_GUE_LEN(31) + sizeof(struct ipv6hdr))
+
+enum host_verdict {
+	HOST_V_PASS,		/* not a tunnel packet for us */
+	HOST_V_DECAP,		/* tunnel packet, parsed: strip outer_len bytes */
+	HOST_V_MALFORMED,	/* tunnel packet for us that does not parse */
+};
+
+struct host_tunnel {
+	__u32 outer_len;	/* bytes from the end of Ethernet to the inner IP header */
+	__u8 outer_family;	/* enum xdplb_family */
+	__u8 inner_family;	/* enum xdplb_family */
+	__u8 event;		/* XDPLB_HOST_DECAP_GUE or XDPLB_HOST_DECAP_IPIP */
+};
+
+/*
+ * Direct packet access only sees the linear part of the skb.  Frames built
+ * by a NIC driver or by GRO may keep headers in fragments, so pull the most
+ * we may parse (never more than the packet: the helper fails past skb->len).
+ * The check is cheap and the pull happens only when headers are not linear.
+ */
+static __always_inline int host_linearize(struct __sk_buff *skb)
+{
+	__u32 want = skb->len < HOST_MAX_HDR ? skb->len : HOST_MAX_HDR;
+
+	if ((long)skb->data + want <= (long)skb->data_end)
+		return 0;
+	return bpf_skb_pull_data(skb, want);
+}
+
+/* The inner header must be the family the outer header announced. */
+static __always_inline int host_inner_ok(void *inner, void *data_end, __u8 proto)
+{
+	if (proto == IPPROTO_IPIP) {
+		struct iphdr *ip = inner;
+
+		if ((void *)(ip + 1) > data_end)
+			return 0;
+		return ip->version == 4 && ip->ihl >= 5;
+	}
+	if (proto == IPPROTO_IPV6) {
+		struct ipv6hdr *ip6 = inner;
+
+		if ((void *)(ip6 + 1) > data_end)
+			return 0;
+		return ip6->version == 6;
+	}
+	return 0;
+}
+
+/* GUE header at @gue; on success @inner_out points at the inner IP header. */
+static __always_inline enum host_verdict
+host_parse_gue(void *gue, void *data_end, __u8 outer_family, void **inner_out,
+	       __u8 *proto_out)
+{
+	struct xdplb_gue_hdr *gh = gue;
+	struct xdplb_gue_priv *priv;
+	__u32 hlen, hop_words;
+	void *inner;
+
+	if ((void *)(gh + 1) > data_end)
+		return HOST_V_MALFORMED;
+	/* C = 1 is a control message: the balancer never sends one. */
+	if (XDPLB_GUE_VER(gh->hlen_ver) != 0 || XDPLB_GUE_C(gh->hlen_ver))
+		return HOST_V_MALFORMED;
+	hlen = XDPLB_GUE_HLEN(gh->hlen_ver);
+	/* The private data word (type, next hop, hop count) is mandatory. */
+	if (hlen < 1)
+		return HOST_V_MALFORMED;
+	priv = (void *)(gh + 1);
+	if ((void *)(priv + 1) > data_end)
+		return HOST_V_MALFORMED;
+	hop_words = outer_family == XDPLB_FAMILY_V4 ? XDPLB_GUE_HOP_WORDS_V4 :
+						       XDPLB_GUE_HOP_WORDS_V6;
+	if (1 + (__u32)priv->hop_count * hop_words > hlen)
+		return HOST_V_MALFORMED;
+
+	inner = gue + XDPLB_GUE_LEN(hlen);
+	if (!host_inner_ok(inner, data_end, gh->proto))
+		return HOST_V_MALFORMED;
+	*inner_out = inner;
+	*proto_out = gh->proto;
+	return HOST_V_DECAP;
+}
+
+/* Everything after the outer IP header: GUE, IPIP, or not ours. */
+static __always_inline enum host_verdict
+host_parse_l4(void *l4, void *data_end, __u8 proto, struct host_tunnel *t,
+	      void **inner_out)
+{
+	enum host_verdict v;
+	__u8 inner_proto = proto;
+
+	if (proto == IPPROTO_IPIP || proto == IPPROTO_IPV6) {
+		if (!host_inner_ok(l4, data_end, proto))
+			return HOST_V_MALFORMED;
+		*inner_out = l4;
+		t->event = XDPLB_HOST_DECAP_IPIP;
+	} else if (proto == IPPROTO_UDP) {
+		struct xdplb_host_config *cfg;
+		struct udphdr *udp = l4;
+		__u32 zero = 0;
+
+		cfg = bpf_map_lookup_elem(&host_config, &zero);
+		/* gue_port 0: GUE not configured on this host. */
+		if (!cfg || !cfg->gue_port)
+			return HOST_V_PASS;
+		/* Too short to tell the port: not provably a tunnel packet. */
+		if ((void *)(udp + 1) > data_end)
+			return HOST_V_PASS;
+		if (udp->dest != cfg->gue_port)
+			return HOST_V_PASS;
+		v = host_parse_gue(udp + 1, data_end, t->outer_family, inner_out,
+				   &inner_proto);
+		if (v != HOST_V_DECAP)
+			return v;
+		t->event = XDPLB_HOST_DECAP_GUE;
+	} else {
+		return HOST_V_PASS;
+	}
+	t->inner_family = inner_proto == IPPROTO_IPIP ? XDPLB_FAMILY_V4 :
+							XDPLB_FAMILY_V6;
+	return HOST_V_DECAP;
+}
+
+static __always_inline enum host_verdict
+host_parse(struct __sk_buff *skb, struct host_tunnel *t)
+{
+	void *data = (void *)(long)skb->data;
+	void *data_end = (void *)(long)skb->data_end;
+	struct ethhdr *eth = data;
+	struct xdplb_addr dst = {};
+	enum host_verdict v;
+	void *inner = NULL;
+	void *l4;
+	__u8 proto;
+
+	if ((void *)(eth + 1) > data_end)
+		return HOST_V_PASS;
+
+	if (eth->h_proto == bpf_htons(ETH_P_IP)) {
+		struct iphdr *ip = (void *)(eth + 1);
+
+		/* A bad outer header is the kernel's to drop, tunnel or not. */
+		if ((void *)(ip + 1) > data_end)
+			return HOST_V_PASS;
+		if (ip->version != 4 || ip->ihl < 5)
+			return HOST_V_PASS;
+		dst.addr[0] = ip->daddr;
+		dst.family = XDPLB_FAMILY_V4;
+		if (!bpf_map_lookup_elem(&host_addrs, &dst))
+			return HOST_V_PASS;
+		/*
+		 * The balancer sets DF, so fragments are not ours to decap: a
+		 * non-first fragment has no UDP/GUE header, and stripping the
+		 * outer header of a first fragment would orphan the rest.
+		 */
+		if (ip->frag_off & bpf_htons(IP_MF | IP_OFFSET))
+			return HOST_V_PASS;
+		proto = ip->protocol;
+		l4 = (void *)ip + ip->ihl * 4;
+		t->outer_family = XDPLB_FAMILY_V4;
+	} else if (eth->h_proto == bpf_htons(ETH_P_IPV6)) {
+		struct ipv6hdr *ip6 = (void *)(eth + 1);
+
+		if ((void *)(ip6 + 1) > data_end)
+			return HOST_V_PASS;
+		if (ip6->version != 6)
+			return HOST_V_PASS;
+		__builtin_memcpy(dst.addr, &ip6->daddr, sizeof(dst.addr));
+		dst.family = XDPLB_FAMILY_V6;
+		if (!bpf_map_lookup_elem(&host_addrs, &dst))
+			return HOST_V_PASS;
+		/* Extension headers are not walked (as in lb_xdp, which adds none). */
+		proto = ip6->nexthdr;
+		l4 = ip6 + 1;
+		t->outer_family = XDPLB_FAMILY_V6;
+	} else {
+		/* ARP, LLDP, and VLAN tags the driver did not strip. */
+		return HOST_V_PASS;
+	}
+
+	v = host_parse_l4(l4, data_end, proto, t, &inner);
+	if (v != HOST_V_DECAP)
+		return v;
+	t->outer_len = (__u32)(inner - (void *)(eth + 1));
+	return HOST_V_DECAP;
+}
+
+/*
+ * Remove the outer headers, keeping the Ethernet header in front of the inner
+ * packet.  The helper moves the MAC header, keeps skb->csum consistent for
+ * CHECKSUM_COMPLETE, and downgrades CHECKSUM_UNNECESSARY (which vouched for
+ * the outer headers only).
+ */
+static __always_inline int host_decap(struct __sk_buff *skb, const struct host_tunnel *t)
+{
+	__u64 flags = 0;
+	__be16 eth_proto;
+
+	if (t->inner_family != t->outer_family)
+		flags = t->inner_family == XDPLB_FAMILY_V4 ? XDPLB_ADJ_ROOM_DECAP_L3_IPV4 :
+							     XDPLB_ADJ_ROOM_DECAP_L3_IPV6;
+	if (bpf_skb_adjust_room(skb, -(__s32)t->outer_len, BPF_ADJ_ROOM_MAC, flags))
+		return -1;
+	if (!flags)
+		return 0;
+	/*
+	 * The stack dispatches on skb->protocol, which the DECAP flag set; the
+	 * frame's EtherType is fixed too so that the frame is self-consistent
+	 * for anything that reads the MAC header again (redirects, test_run).
+	 */
+	eth_proto = t->inner_family == XDPLB_FAMILY_V4 ? bpf_htons(ETH_P_IP) :
+							 bpf_htons(ETH_P_IPV6);
+	return bpf_skb_store_bytes(skb, offsetof(struct ethhdr, h_proto), &eth_proto,
+				   sizeof(eth_proto), 0);
+}
+
+#endif /* XDPLB_LIB_HOST_DECAP_H */

@@ -1,0 +1,30 @@
+"""The network-namespace lab: a client, an LB and backends on one bridged segment.
+
+- netns: enter a namespace (setns) and start processes in one, without ``ip netns exec``
+- topology: :class:`Lab`, the topology with its addresses, and :func:`cleanup_stale`
+- host: :func:`attach_host`, host_tc on a backend
+- packets: GUE / IPIP packets as lb_xdp builds them
+- pytest_plugin: the ``lab`` fixture
+"""
+
+from xdplb.lab.topology import (
+    DEFAULT_VIPS,
+    SEGMENT4,
+    SEGMENT6,
+    VIP_NET4,
+    VIP_NET6,
+    Lab,
+    Node,
+    cleanup_stale,
+)
+
+__all__ = [
+    "DEFAULT_VIPS",
+    "SEGMENT4",
+    "SEGMENT6",
+    "VIP_NET4",
+    "VIP_NET6",
+    "Lab",
+    "Node",
+    "cleanup_stale",
+]

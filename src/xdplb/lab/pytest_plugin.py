@@ -1,0 +1,55 @@
+"""pytest fixtures for the lab. Load with ``pytest_plugins = ["xdplb.lab.pytest_plugin"]``.
+
+- ``lab``: module-scoped, a built :class:`~xdplb.lab.Lab` with host_tc attached on every
+  backend (``lab.hosts``); torn down after the module.
+- ``lab_factory``: builds extra labs inside one test, all torn down after it.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import pytest
+
+from xdplb import paths
+from xdplb.lab.host import attach_host
+from xdplb.lab.topology import Lab, cleanup_stale
+
+
+def _require_lab() -> None:
+    if os.geteuid() != 0:
+        pytest.skip("the lab needs root (network namespaces, BPF)")
+    for name in ("host_tc", "xdp_pass"):
+        try:
+            paths.bpf_object(name)
+        except FileNotFoundError as exc:
+            pytest.skip(str(exc))
+
+
+@pytest.fixture(scope="module")
+def lab() -> Iterator[Lab]:
+    """A lab with host_tc on every backend (3 backends, the default VIPs)."""
+    _require_lab()
+    cleanup_stale()
+    with Lab() as built:
+        for name in built.backends:
+            attach_host(built, name)
+        yield built
+
+
+@pytest.fixture
+def lab_factory() -> Iterator[Callable[..., Lab]]:
+    """``lab_factory(backends=1, ...)`` builds a lab (not attached); teardown after the test."""
+    _require_lab()
+    made: list[Lab] = []
+
+    def make(**kw: Any) -> Lab:
+        built = Lab(**kw)
+        made.append(built)
+        return built.__enter__()
+
+    yield make
+    for built in made:
+        built.teardown()

@@ -1,0 +1,560 @@
+"""The lab: one Ethernet segment in network namespaces, for tests and the demo.
+
+::
+
+    client ─┐                     198.18.0.0/24, fd78:6470:6c62::/64
+    lb ─────┼── br0 (namespace "sw")
+    b1..bN ─┘                     VIPs: 198.18.100.0/24, fd78:6470:6c62:100::/64
+
+Each node is a namespace with one veth, ``eth0``, whose peer is a port of the
+bridge named after the node. The client routes the VIP prefixes via the LB; the
+backends hold the VIPs on their loopback and reply straight to the client (direct
+server return). Only 198.18.0.0/15 (RFC 2544 benchmarking) and fd78:6470:6c62::/48
+(ULA) are ever configured: a typo cannot touch a real network.
+
+Every instance has its own prefix (``xl<pid><letter>``) on namespace names and bpffs
+pin directories, so parallel and leftover runs never collide. Teardown removes every
+namespace, process and pin the instance made, also on error (context manager) and
+at interpreter exit (atexit); :func:`cleanup_stale` removes what dead processes left.
+"""
+
+from __future__ import annotations
+
+import atexit
+import contextlib
+import dataclasses
+import ipaddress
+import json
+import os
+import re
+import shutil
+import signal
+import socket
+import subprocess
+import threading
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from types import TracebackType
+from typing import TYPE_CHECKING, Any
+
+from xdplb import paths
+from xdplb.abi import IPAddress
+from xdplb.errors import LabError
+from xdplb.lab import netns
+
+if TYPE_CHECKING:
+    from xdplb.lab.host import HostAttachment
+
+LAB_NET4 = ipaddress.IPv4Network("198.18.0.0/15")
+LAB_NET6 = ipaddress.IPv6Network("fd78:6470:6c62::/48")
+SEGMENT4 = ipaddress.IPv4Network("198.18.0.0/24")
+SEGMENT6 = ipaddress.IPv6Network("fd78:6470:6c62::/64")
+VIP_NET4 = ipaddress.IPv4Network("198.18.100.0/24")
+VIP_NET6 = ipaddress.IPv6Network("fd78:6470:6c62:100::/64")
+DEFAULT_VIPS: tuple[IPAddress, ...] = (
+    ipaddress.IPv4Address("198.18.100.1"),
+    ipaddress.IPv6Address("fd78:6470:6c62:100::1"),
+)
+
+#: A GUE-encapsulated packet grows by at most 20 (IPv4) or 40 (IPv6) + 8 (UDP) + 8..16
+#: (GUE with one hop): 64 bytes. With the client at 1400, a full-size client packet
+#: still fits the 1500-byte links from the LB to the backends without fragmentation.
+CLIENT_MTU = 1400
+LINK_MTU = 1500
+
+#: Host number of each role on the segment (.1, ::1); backends count up from .11.
+_HOST_NUMBERS = {"client": 1, "lb": 2}
+_FIRST_BACKEND = 11
+
+#: Namespace/pin names of every lab instance: xl<pid><letter>-<node>.
+_PREFIX_RE = re.compile(r"^(xl(\d+)[a-z])-")
+_REGISTRY_DIR = Path("/run/xdplb/lab")
+
+SWITCH = "sw"
+BRIDGE = "br0"
+IFNAME = "eth0"
+
+
+def check_lab_address(addr: IPAddress) -> None:
+    """Refuse any address outside the lab's own ranges."""
+    net = LAB_NET4 if addr.version == 4 else LAB_NET6
+    if addr not in net:
+        raise LabError(f"{addr} is outside the lab ranges {LAB_NET4} and {LAB_NET6}")
+
+
+@dataclasses.dataclass(frozen=True)
+class Node:
+    """One host of the segment."""
+
+    #: Short name: ``client``, ``lb``, ``b1`` ... (also its bridge port's name).
+    name: str
+    #: Full network namespace name (``<prefix>-<name>``).
+    ns: str
+    #: Address on ``eth0`` in 198.18.0.0/24.
+    v4: ipaddress.IPv4Address
+    #: Address on ``eth0`` in fd78:6470:6c62::/64.
+    v6: ipaddress.IPv6Address
+
+
+def _proc_start_time(pid: int) -> int | None:
+    """Start time of ``pid`` in clock ticks since boot (tells a reused pid apart)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except (FileNotFoundError, ProcessLookupError):
+        return None
+    # Field 22; the command name (field 2) may contain spaces, so split after it.
+    return int(stat.rsplit(")", 1)[1].split()[19])
+
+
+def _owner_alive(prefix: str, pid: int) -> bool:
+    started = _proc_start_time(pid)
+    if started is None:
+        return False
+    try:
+        reg = json.loads((_REGISTRY_DIR / f"{prefix}.json").read_text())
+    except (FileNotFoundError, json.JSONDecodeError):
+        return True  # no record to compare with: assume the pid is the owner
+    return bool(reg.get("start_time") == started)
+
+
+def _ip(*args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
+    done = subprocess.run(["ip", *args], capture_output=True, text=True, check=False)
+    if check and done.returncode != 0:
+        raise LabError(f"ip {' '.join(args)}: {done.stderr.strip()}")
+    return done
+
+
+def _delete_netns(ns: str) -> None:
+    # Deleting the namespace destroys its veths, whose bridge-side peers go with them.
+    done = _ip("netns", "del", ns, check=False)
+    if done.returncode != 0 and netns.ns_path(ns).exists():
+        raise LabError(f"ip netns del {ns}: {done.stderr.strip()}")
+
+
+def cleanup_stale() -> list[str]:
+    """Remove the namespaces, pins and records of lab instances whose process is gone.
+
+    Returns what was removed. Instances of live processes are left alone.
+    """
+    removed: list[str] = []
+    dead: dict[str, bool] = {}
+
+    def is_dead(name: str) -> str | None:
+        m = _PREFIX_RE.match(name)
+        if m is None:
+            return None
+        prefix = m.group(1)
+        if prefix not in dead:
+            dead[prefix] = not _owner_alive(prefix, int(m.group(2)))
+        return prefix if dead[prefix] else None
+
+    for ns in netns.list_namespaces():
+        if is_dead(ns):
+            _delete_netns(ns)
+            removed.append(str(netns.ns_path(ns)))
+    if paths.BPFFS_ROOT.is_dir():
+        for pin in paths.BPFFS_ROOT.iterdir():
+            if is_dead(pin.name):
+                shutil.rmtree(pin, ignore_errors=True)
+                removed.append(str(pin))
+    if _REGISTRY_DIR.is_dir():
+        for rec in _REGISTRY_DIR.glob("xl*.json"):
+            if is_dead(rec.stem + "-"):
+                rec.unlink(missing_ok=True)
+                removed.append(str(rec))
+    return removed
+
+
+_live_labs: set[Lab] = set()
+_live_lock = threading.Lock()
+_seq = 0
+
+
+@atexit.register
+def _teardown_all() -> None:
+    with _live_lock:
+        labs = list(_live_labs)
+    for lab in labs:
+        with contextlib.suppress(Exception):
+            lab.teardown()
+
+
+def _new_prefix() -> str:
+    """``xl<pid><letter>``, not in use by any namespace or pin."""
+    global _seq
+    existing = set(netns.list_namespaces())
+    if paths.BPFFS_ROOT.is_dir():
+        existing.update(p.name for p in paths.BPFFS_ROOT.iterdir())
+    taken = {m.group(1) for name in existing if (m := _PREFIX_RE.match(name))}
+    with _live_lock:
+        for _ in range(26):
+            prefix = f"xl{os.getpid()}{chr(ord('a') + _seq % 26)}"
+            _seq += 1
+            if prefix not in taken:
+                return prefix
+    raise LabError("no free lab prefix: 26 labs of this process are alive")
+
+
+class Lab:
+    """The lab topology. ``with Lab() as lab:`` builds it and always tears it down."""
+
+    def __init__(
+        self,
+        backends: int = 3,
+        vips: Sequence[IPAddress | str] = DEFAULT_VIPS,
+        *,
+        peer_xdp: bool = True,
+    ) -> None:
+        """``backends``: how many backend hosts (b1..bN, .11, .12, ...). ``vips``: the
+        addresses put on every backend's loopback. ``peer_xdp``: attach xdp_pass to
+        the bridge-side peer of the LB's veth, so XDP_TX on the LB delivers."""
+        if not 1 <= backends <= 50:
+            raise LabError(f"backends must be 1..50, not {backends}")
+        self.vips: list[IPAddress] = []
+        for v in vips:
+            addr = ipaddress.ip_address(v)
+            check_lab_address(addr)
+            self.vips.append(addr)
+        self.peer_xdp = peer_xdp
+        self.prefix = _new_prefix()
+        names = ["client", "lb"] + [f"b{i}" for i in range(1, backends + 1)]
+        self.nodes: dict[str, Node] = {}
+        for i, name in enumerate(names):
+            host = _HOST_NUMBERS.get(name, _FIRST_BACKEND + i - len(_HOST_NUMBERS))
+            self.nodes[name] = Node(
+                name=name,
+                ns=f"{self.prefix}-{name}",
+                v4=SEGMENT4.network_address + host,
+                # ::11 for host 11, as the address plan reads: hex digits = decimal.
+                v6=ipaddress.IPv6Address(f"{SEGMENT6.network_address}{host}"),
+            )
+        self.backends: list[str] = [n for n in names if n.startswith("b")]
+        #: host_tc attachments by backend name, filled by :func:`xdplb.lab.host.attach_host`.
+        self.hosts: dict[str, HostAttachment] = {}
+        self._created_ns: list[str] = []
+        self._pin_roots: list[Path] = []
+        self._procs: list[subprocess.Popen[Any]] = []
+        self._closers: list[Callable[[], None]] = []
+        self._built = False
+        self._torn_down = False
+
+    # -- names and lookups -------------------------------------------------------------
+
+    def ns(self, name: str) -> str:
+        """Full namespace name of node ``name`` (``client``, ``lb``, ``b1``, ``sw``)."""
+        if name == SWITCH:
+            return f"{self.prefix}-{SWITCH}"
+        if name in self.nodes:
+            return self.nodes[name].ns
+        if name.startswith(self.prefix + "-"):
+            return name
+        raise LabError(f"no node {name!r} in this lab: {sorted(self.nodes)} or {SWITCH!r}")
+
+    def addr(self, name: str, family: int = 4) -> IPAddress:
+        """Address of node ``name`` on the segment; ``family`` is 4 or 6."""
+        node = self.nodes[name]
+        if family == 4:
+            return node.v4
+        if family == 6:
+            return node.v6
+        raise LabError(f"family must be 4 or 6, not {family}")
+
+    def pin_root(self, name: str) -> Path:
+        """A pin directory for this instance (``/sys/fs/bpf/xdplb/<prefix>-<name>``),
+        removed at teardown."""
+        path = paths.BPFFS_ROOT / f"{self.prefix}-{name}"
+        if path not in self._pin_roots:
+            self._pin_roots.append(path)
+        return path
+
+    def on_teardown(self, fn: Callable[[], None]) -> None:
+        """Call ``fn`` at teardown, before the namespaces go (last registered, first)."""
+        self._closers.append(fn)
+
+    # -- running things inside -----------------------------------------------------------
+
+    def run(
+        self, ns: str, argv: Sequence[str], check: bool = True, **kw: Any
+    ) -> subprocess.CompletedProcess[str]:
+        """Run ``argv`` to completion in node ``ns``; output captured as text."""
+        return netns.run(self.ns(ns), argv, check=check, **kw)
+
+    def popen(self, ns: str, argv: Sequence[str], **kw: Any) -> subprocess.Popen[Any]:
+        """Start ``argv`` in node ``ns``; it is killed at teardown if still running."""
+        proc = netns.popen(self.ns(ns), argv, **kw)
+        self._procs.append(proc)
+        return proc
+
+    def enter(self, ns: str) -> contextlib.AbstractContextManager[None]:
+        """Context manager: this thread is in node ``ns``'s namespace inside the block."""
+        return netns.enter(self.ns(ns))
+
+    def ifindex(self, ns: str, ifname: str = IFNAME) -> int:
+        with self.enter(ns):
+            return socket.if_nametoindex(ifname)
+
+    def mac(self, ns: str, ifname: str = IFNAME) -> str:
+        out = _ip("-n", self.ns(ns), "-j", "link", "show", "dev", ifname).stdout
+        return str(json.loads(out)[0]["address"])
+
+    # -- building -------------------------------------------------------------------------
+
+    def __enter__(self) -> Lab:
+        try:
+            self.build()
+        except BaseException:
+            self.teardown()
+            raise
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.teardown()
+
+    def build(self) -> None:
+        if self._built:
+            raise LabError("lab already built")
+        self._built = True
+        with _live_lock:
+            _live_labs.add(self)
+        self._register()
+        sw = self.ns(SWITCH)
+        for ns in [sw] + [n.ns for n in self.nodes.values()]:
+            _ip("netns", "add", ns)
+            self._created_ns.append(ns)
+            # No DAD at all, also for link-local addresses (nodad covers only ours): a
+            # neighbour solicitation is sent from the link-local address, and none is
+            # sent while it is tentative, so the first reply from a VIP would wait for
+            # the 1 s retransmit.
+            with netns.enter(ns):
+                for key in ("all", "default"):
+                    Path(f"/proc/sys/net/ipv6/conf/{key}/accept_dad").write_text("0\n")
+                    Path(f"/proc/sys/net/ipv6/conf/{key}/dad_transmits").write_text("0\n")
+        _ip("-n", sw, "link", "set", "lo", "up")
+        # No STP, no forwarding delay, no multicast snooping: ports forward at once and
+        # neighbour discovery floods like on a plain switch.
+        _ip(
+            "-n",
+            sw,
+            "link",
+            "add",
+            BRIDGE,
+            "type",
+            "bridge",
+            "stp_state",
+            "0",
+            "forward_delay",
+            "0",
+            "mcast_snooping",
+            "0",
+        )
+        _ip("-n", sw, "link", "set", BRIDGE, "up")
+        for node in self.nodes.values():
+            self._plug(node)
+        self._setup_client()
+        self._setup_lb()
+        for name in self.backends:
+            self._setup_backend(self.nodes[name])
+        if self.peer_xdp:
+            self._attach_peer_xdp()
+
+    def _sysctl(self, name: str, settings: dict[str, str | int]) -> None:
+        with self.enter(name):
+            for key, value in settings.items():
+                Path("/proc/sys", key.replace(".", "/")).write_text(f"{value}\n")
+
+    def _plug(self, node: Node) -> None:
+        sw = self.ns(SWITCH)
+        _ip(
+            "-n",
+            sw,
+            "link",
+            "add",
+            node.name,
+            "type",
+            "veth",
+            "peer",
+            "name",
+            IFNAME,
+            "netns",
+            node.ns,
+        )
+        _ip("-n", sw, "link", "set", node.name, "master", BRIDGE, "up")
+        mtu = CLIENT_MTU if node.name == "client" else LINK_MTU
+        _ip("-n", node.ns, "link", "set", "lo", "up")
+        _ip("-n", node.ns, "link", "set", IFNAME, "mtu", str(mtu), "up")
+        _ip("-n", node.ns, "addr", "add", f"{node.v4}/{SEGMENT4.prefixlen}", "dev", IFNAME)
+        _ip("-n", node.ns, "addr", "add", f"{node.v6}/{SEGMENT6.prefixlen}", "dev", IFNAME, "nodad")
+
+    def _setup_client(self) -> None:
+        client, lb = self.nodes["client"], self.nodes["lb"]
+        _ip("-n", client.ns, "route", "add", str(VIP_NET4), "via", str(lb.v4))
+        _ip("-n", client.ns, "route", "add", str(VIP_NET6), "via", str(lb.v6))
+        # Checksums computed by the client itself: XDP_TX on the LB turns the skb into
+        # a bare frame, and a CHECKSUM_PARTIAL packet would reach the backend with only
+        # the pseudo-header sum in its L4 checksum.
+        self.run("client", ["ethtool", "-K", IFNAME, "tx", "off"])
+        self._sysctl(
+            "client",
+            {
+                "net.ipv4.conf.all.accept_redirects": 0,
+                "net.ipv6.conf.all.accept_redirects": 0,
+                f"net.ipv6.conf.{IFNAME}.accept_redirects": 0,
+            },
+        )
+
+    def _setup_lb(self) -> None:
+        self._sysctl(
+            "lb",
+            {
+                "net.ipv4.ip_forward": 1,
+                "net.ipv6.conf.all.forwarding": 1,
+                # Client, LB and backends share one segment: never tell the client to
+                # bypass the LB.
+                "net.ipv4.conf.all.send_redirects": 0,
+                f"net.ipv4.conf.{IFNAME}.send_redirects": 0,
+                # A frame lb_xdp encapsulates but hands to the kernel (no neighbour yet)
+                # carries the LB's own source address: forward it rather than call it a
+                # martian.
+                "net.ipv4.conf.all.accept_local": 1,
+                f"net.ipv4.conf.{IFNAME}.accept_local": 1,
+                "net.ipv4.conf.all.rp_filter": 0,
+                f"net.ipv4.conf.{IFNAME}.rp_filter": 0,
+            },
+        )
+        self._clamp_to_client("lb")
+
+    def _clamp_to_client(self, name: str) -> None:
+        # A veth drops frames larger than its receiving end's MTU, silently: packets to
+        # the client must not exceed its 1400 bytes.
+        client = self.nodes["client"]
+        ns = self.ns(name)
+        _ip("-n", ns, "route", "add", f"{client.v4}/32", "dev", IFNAME, "mtu", str(CLIENT_MTU))
+        _ip("-n", ns, "route", "add", f"{client.v6}/128", "dev", IFNAME, "mtu", str(CLIENT_MTU))
+
+    def _setup_backend(self, node: Node) -> None:
+        for vip in self.vips:
+            self._add_vip(node, vip)
+        self._sysctl(
+            node.name,
+            {
+                # The decapsulated packet arrives on eth0 for an address on lo, with a
+                # client source: strict reverse-path filtering must not judge it.
+                "net.ipv4.conf.all.rp_filter": 0,
+                "net.ipv4.conf.default.rp_filter": 0,
+                f"net.ipv4.conf.{IFNAME}.rp_filter": 0,
+                "net.ipv4.conf.lo.rp_filter": 0,
+                # Direct server return: every backend holds the VIPs, only the LB may answer
+                # ARP for them (and it does not: the client routes VIPs via the LB).
+                "net.ipv4.conf.all.arp_ignore": 1,
+                "net.ipv4.conf.all.arp_announce": 2,
+            },
+        )
+        self._clamp_to_client(node.name)
+
+    def _add_vip(self, node: Node, vip: IPAddress) -> None:
+        plen = 32 if vip.version == 4 else 128
+        extra = ["nodad"] if vip.version == 6 else []
+        _ip("-n", node.ns, "addr", "add", f"{vip}/{plen}", "dev", "lo", *extra)
+
+    def add_vip_to_backends(self, addr: IPAddress | str) -> None:
+        """Put one more VIP on every backend's loopback."""
+        vip = ipaddress.ip_address(addr)
+        check_lab_address(vip)
+        for name in self.backends:
+            self._add_vip(self.nodes[name], vip)
+        self.vips.append(vip)
+
+    def _attach_peer_xdp(self) -> None:
+        # A veth drops frames sent to it by XDP_TX/XDP_REDIRECT unless the receiving
+        # peer runs XDP (or has GRO on, which also turns on its NAPI ring). The LB's
+        # XDP_TX lands on its bridge port: give that port an XDP_PASS program.
+        from xdplb.datapath import BpfObject, XdpMode, attach_xdp
+
+        obj = BpfObject.load(paths.bpf_object("xdp_pass"))
+        self.on_teardown(obj.close)
+        with self.enter(SWITCH):
+            ifindex = socket.if_nametoindex("lb")
+            link = attach_xdp(obj.program("xdp_pass"), ifindex, XdpMode.NATIVE)
+        self.on_teardown(link.close)
+
+    # -- registry and teardown ------------------------------------------------------------
+
+    def _register(self) -> None:
+        _REGISTRY_DIR.mkdir(parents=True, exist_ok=True)
+        rec = {"pid": os.getpid(), "start_time": _proc_start_time(os.getpid())}
+        (_REGISTRY_DIR / f"{self.prefix}.json").write_text(json.dumps(rec))
+
+    def teardown(self) -> None:
+        """Kill started processes, run teardown hooks, delete namespaces and pins.
+
+        Every step runs even if an earlier one failed; failures are reported together.
+        """
+        if self._torn_down:
+            return
+        self._torn_down = True
+        errors: list[str] = []
+        for proc in self._procs:
+            if proc.poll() is None:
+                proc.send_signal(signal.SIGKILL)
+            with contextlib.suppress(Exception):
+                proc.wait(timeout=5)
+        for fn in reversed(self._closers):
+            try:
+                fn()
+            except Exception as exc:
+                errors.append(f"teardown hook {fn!r}: {exc}")
+        for ns in reversed(self._created_ns):
+            try:
+                _delete_netns(ns)
+            except LabError as exc:
+                errors.append(str(exc))
+        pins = set(self._pin_roots)
+        if paths.BPFFS_ROOT.is_dir():
+            pins.update(paths.BPFFS_ROOT.glob(f"{self.prefix}-*"))
+        for pin in pins:
+            try:
+                if pin.exists():
+                    shutil.rmtree(pin)
+            except OSError as exc:
+                errors.append(f"rm -r {pin}: {exc}")
+        (_REGISTRY_DIR / f"{self.prefix}.json").unlink(missing_ok=True)
+        with _live_lock:
+            _live_labs.discard(self)
+        if errors:
+            raise LabError("lab teardown incomplete: " + "; ".join(errors))
+
+    def leftovers(self) -> list[str]:
+        """Namespaces and pins of this instance that still exist (empty after teardown)."""
+        left = [
+            str(netns.ns_path(n))
+            for n in netns.list_namespaces()
+            if n.startswith(self.prefix + "-")
+        ]
+        if paths.BPFFS_ROOT.is_dir():
+            left += [str(p) for p in paths.BPFFS_ROOT.glob(f"{self.prefix}-*")]
+        return left
+
+    def wait_reachable(self, src: str, dst: str, timeout: float = 5.0) -> None:
+        """Ping ``dst``'s segment addresses from ``src`` until both answer."""
+        deadline = time.monotonic() + timeout
+        for family in (4, 6):
+            target = str(self.addr(dst, family))
+            while True:
+                done = self.run(src, ["ping", "-c1", "-W1", target], check=False)
+                if done.returncode == 0:
+                    break
+                if time.monotonic() > deadline:
+                    raise LabError(f"{src} cannot reach {dst} at {target}")
+                time.sleep(0.05)
+
+    def __hash__(self) -> int:
+        return id(self)
+
+    def __repr__(self) -> str:
+        return f"Lab({self.prefix!r}, nodes={sorted(self.nodes)})"
