@@ -31,7 +31,7 @@ struct {
 struct {
 	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
 	__uint(max_entries, XDPLB_HOST_EV__MAX);
-	__type(key, __u32);
+	__type(key, enum xdplb_host_event);	/* also puts the enum in the BTF */
 	__type(value, __u64);
 	__uint(pinning, LIBBPF_PIN_BY_NAME);
 } host_events SEC(".maps");

@@ -41,19 +41,34 @@ console = Console()
 
 def _vips(lab: Lab, names: Sequence[str]) -> list[dict[str, Any]]:
     return [
-        {"address": VIP4, "port": 80,
-         "backends": [{"address": str(lab.addr(n)), "weight": WEIGHTS[n]} for n in names]},
-        {"address": VIP4, "port": 53, "protocol": "udp",
-         "backends": [{"address": str(lab.addr(n))} for n in names]},
-        {"address": VIP6, "port": 80,
-         "backends": [{"address": str(lab.addr(n, 6))} for n in names]},
+        {
+            "address": VIP4,
+            "port": 80,
+            "backends": [{"address": str(lab.addr(n)), "weight": WEIGHTS[n]} for n in names],
+        },
+        {
+            "address": VIP4,
+            "port": 53,
+            "protocol": "udp",
+            "backends": [{"address": str(lab.addr(n))} for n in names],
+        },
+        {
+            "address": VIP6,
+            "port": 80,
+            "backends": [{"address": str(lab.addr(n, 6))} for n in names],
+        },
     ]
 
 
 def _run(label: str, ports: range, fn: Callable[[int], str]) -> dict[int, str]:
     out: dict[int, str] = {}
-    with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
-                  console=console, transient=False) as progress:
+    with Progress(
+        TextColumn("{task.description}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        console=console,
+        transient=False,
+    ) as progress:
         task = progress.add_task(label, total=len(ports))
         for port in ports:
             out[port] = fn(port)
@@ -87,23 +102,33 @@ def _table(title: str, lab: Lab, lb: LbNode, landed: dict[str, Counter[str]]) ->
     for name in lab.backends:
         addr = str(lab.addr(name))
         share = shares.get(addr)
-        t.add_row(f"{name} ({addr})", str(WEIGHTS[name]) if share else "-",
-                  f"{share:.1%}" if share else "removed",
-                  *(str(c[name]) for c in landed.values()))
+        t.add_row(
+            f"{name} ({addr})",
+            str(WEIGHTS[name]) if share else "-",
+            f"{share:.1%}" if share else "removed",
+            *(str(c[name]) for c in landed.values()),
+        )
     return t
 
 
 def main() -> int:
     cleanup_stale()
-    console.print(Panel.fit(
-        "client 198.18.0.1 ─► LB 198.18.0.2 (lb_xdp, XDP) ─GUE─► b1 .11 · b2 .12 · b3 .13 "
-        "(host_tc)\nreplies go straight back to the client (direct server return)",
-        title="xdplb demo: the lab"))
+    console.print(
+        Panel.fit(
+            "client 198.18.0.1 ─► LB 198.18.0.2 (lb_xdp, XDP) ─GUE─► b1 .11 · b2 .12 · b3 .13 "
+            "(host_tc)\nreplies go straight back to the client (direct server return)",
+            title="xdplb demo: the lab",
+        )
+    )
     with Lab() as lab, tempfile.TemporaryDirectory() as tmp:
         for name in lab.backends:
             attach_host(lab, name)
-            app = lab.popen(name, [sys.executable, "-m", "xdplb.lab.apps", "--name", name],
-                            stdout=subprocess.PIPE, text=True)
+            app = lab.popen(
+                name,
+                [sys.executable, "-m", "xdplb.lab.apps", "--name", name],
+                stdout=subprocess.PIPE,
+                text=True,
+            )
             assert app.stdout is not None
             app.stdout.readline()
         lb = LbNode(lab, Path(tmp), _vips(lab, lab.backends))
@@ -124,13 +149,23 @@ def main() -> int:
         tcp1 = _run(f"HTTP  to {VIP4}:80", FLOWS, http4)
         udp1 = _run(f"UDP   to {VIP4}:53", FLOWS[:100], udp4)
         v6 = _run(f"HTTP  to [{VIP6}]:80", FLOWS[:100], http6)
-        console.print(_table("Where the flows landed (every reply verified byte for byte)",
-                             lab, lb, {"HTTP v4": Counter(tcp1.values()),
-                                       "UDP v4": Counter(udp1.values()),
-                                       "HTTP v6": Counter(v6.values())}))
+        console.print(
+            _table(
+                "Where the flows landed (every reply verified byte for byte)",
+                lab,
+                lb,
+                {
+                    "HTTP v4": Counter(tcp1.values()),
+                    "UDP v4": Counter(udp1.values()),
+                    "HTTP v6": Counter(v6.values()),
+                },
+            )
+        )
 
-        console.print("\n[bold]Removing b3[/bold] (config reload, SIGHUP) and replaying "
-                      "the same 300 HTTP flows ...")
+        console.print(
+            "\n[bold]Removing b3[/bold] (config reload, SIGHUP) and replaying "
+            "the same 300 HTTP flows ..."
+        )
         lb.reload(_vips(lab, ["b1", "b2"]))
         tcp2 = _run(f"HTTP  to {VIP4}:80", FLOWS, http4)
         moves = Counter(f"{tcp1[p]} → {tcp2[p]}" for p in FLOWS if tcp1[p] != tcp2[p])
@@ -145,10 +180,12 @@ def main() -> int:
         console.print(mt)
         from_b3 = sum(1 for p in FLOWS if tcp1[p] == "b3")
         others = sum(n for m, n in moves.items() if not m.startswith("b3"))
-        console.print(f"{from_b3} flows were on b3 and had to move; "
-                      f"{others} flows of b1/b2 moved.\n")
-        subprocess.run([sys.executable, "-m", "xdplb.cli", "status", "-i", lb.instance],
-                       check=False)
+        console.print(
+            f"{from_b3} flows were on b3 and had to move; {others} flows of b1/b2 moved.\n"
+        )
+        subprocess.run(
+            [sys.executable, "-m", "xdplb.cli", "status", "-i", lb.instance], check=False
+        )
         lb.destroy()
     console.print("lab torn down: namespaces, links and pins removed.")
     return 0

@@ -6,7 +6,7 @@ included), dual-stack:
   ``<name>\\n`` followed by the request body, so a client can verify the bytes;
 - a TCP echo on ``--echo`` (default 7): sends ``<name>\\n`` on accept, then echoes every
   byte until the client closes — long-lived streaming connections;
-- a UDP echo on ``--udp`` (default 53): answers ``<name>\\n`` + the datagram.
+- a UDP echo on each ``--udp`` port (default 53): answers ``<name>\\n`` + the datagram.
 
 Run as ``python -m xdplb.lab.apps --name b1`` inside a backend namespace.
 """
@@ -26,7 +26,6 @@ from types import FrameType
 class _DualStack:
     """Listen on [::] with IPV6_V6ONLY off, so IPv4 and IPv6 VIPs share one socket."""
 
-    address_family = socket.AF_INET6
     allow_reuse_address = True
     daemon_threads = True
 
@@ -37,10 +36,12 @@ class _DualStack:
 
 
 class HttpServer(_DualStack, ThreadingHTTPServer):
+    address_family = socket.AF_INET6
     name = ""
 
 
 class EchoServer(_DualStack, socketserver.ThreadingTCPServer):
+    address_family = socket.AF_INET6
     name = ""
 
 
@@ -63,7 +64,7 @@ class _Http(BaseHTTPRequestHandler):
         n = int(self.headers.get("Content-Length", "0"))
         self._reply(f"{self.server.name}\n".encode() + self.rfile.read(n))
 
-    def log_message(self, format: str, *args: object) -> None:  # noqa: A002 - base signature
+    def log_message(self, format: str, *args: object) -> None:
         pass
 
 
@@ -96,7 +97,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--name", required=True)
     ap.add_argument("--http", type=int, default=80)
     ap.add_argument("--echo", type=int, default=7)
-    ap.add_argument("--udp", type=int, default=53)
+    ap.add_argument("--udp", type=int, nargs="+", default=[53], help="UDP echo ports")
     args = ap.parse_args(argv)
 
     http = HttpServer(("::", args.http), _Http)
@@ -106,7 +107,10 @@ def main(argv: list[str] | None = None) -> int:
     threads = [
         threading.Thread(target=http.serve_forever, daemon=True),
         threading.Thread(target=echo.serve_forever, daemon=True),
-        threading.Thread(target=_udp_echo, args=(args.name, args.udp, stop), daemon=True),
+    ]
+    threads += [
+        threading.Thread(target=_udp_echo, args=(args.name, port, stop), daemon=True)
+        for port in args.udp
     ]
     for t in threads:
         t.start()

@@ -35,7 +35,12 @@ def open_socket(ns: str, addr: str, kind: int, src_port: int | None) -> socket.s
 
 
 def http_post(
-    ns: str, addr: str, port: int, body: bytes, *, src_port: int | None = None,
+    ns: str,
+    addr: str,
+    port: int,
+    body: bytes,
+    *,
+    src_port: int | None = None,
     timeout: float = 5.0,
 ) -> str:
     """One HTTP/1.1 POST over its own connection; the backend's name."""
@@ -59,8 +64,14 @@ def http_post(
 
 
 def udp_exchange(
-    ns: str, addr: str, port: int, payload: bytes, *, src_port: int | None = None,
-    timeout: float = 2.0, tries: int = 3,
+    ns: str,
+    addr: str,
+    port: int,
+    payload: bytes,
+    *,
+    src_port: int | None = None,
+    timeout: float = 2.0,
+    tries: int = 3,
 ) -> str:
     """One datagram and its echo; the backend's name. Retries a lost datagram."""
     sock = open_socket(ns, addr, socket.SOCK_DGRAM, src_port)
@@ -91,7 +102,12 @@ class EchoStream:
 
     @classmethod
     def open(
-        cls, ns: str, addr: str, port: int = 7, *, src_port: int | None = None,
+        cls,
+        ns: str,
+        addr: str,
+        port: int = 7,
+        *,
+        src_port: int | None = None,
         timeout: float = 5.0,
     ) -> EchoStream:
         sock = open_socket(ns, addr, socket.SOCK_STREAM, src_port)

@@ -1,0 +1,67 @@
+// SPDX-License-Identifier: (GPL-2.0-only OR BSD-2-Clause)
+/*
+ * lb_xdp: tier-1 edge balancer.  Each step below is numbered as in
+ * docs/datapath.md, which is the contract; the work is done in bpf/lib/.
+ */
+#include <linux/bpf.h>
+#include <bpf/bpf_helpers.h>
+
+#include "xdplb_abi.h"
+#include "lib/lb_maps.h"
+#include "lib/counters.h"
+#include "lib/lb_parse.h"
+#include "lib/lb_select.h"
+#include "lib/encap.h"
+
+SEC("xdp")
+int lb_xdp(struct xdp_md *ctx)
+{
+	const struct xdplb_vip_info *vip;
+	const struct xdplb_config *cfg;
+	struct lb_target tgt = {};
+	struct lb_pkt pkt = {};
+	__u32 zero = 0;
+	__u32 new_flow = 0;
+	int rc;
+
+	/* 1-5, 7: parse; non-IP, malformed, fragments and truncated L4 end here. */
+	rc = lb_parse(ctx, &pkt);
+	if (rc != LB_CONTINUE)
+		return rc;
+
+	/* 6 */
+	vip = lb_vip_lookup(&pkt);
+	if (!vip)
+		return lb_pass(XDPLB_EV_PASS_NOT_VIP);
+
+	cfg = bpf_map_lookup_elem(&lb_config, &zero);
+	if (!cfg)
+		return lb_drop(XDPLB_DROP_NO_CONFIG);
+
+	/* 8, then 9 on a miss or a stale entry */
+	if (!lb_conn_lookup(&pkt, &tgt)) {
+		rc = lb_table_lookup(&pkt, vip, cfg, &tgt);
+		if (rc >= 0)
+			return rc;
+		new_flow = 1;
+	}
+
+	/* 10 */
+	lb_count_traffic(vip->vip_id, tgt.be_id, pkt.ip_len, new_flow);
+
+	/* 11, 12: outer family is the backend's; sizes are constant per variant. */
+	if (tgt.be->family == XDPLB_FAMILY_V6) {
+		if (vip->encap == XDPLB_ENCAP_IPIP)
+			return lb_encap(ctx, &pkt, &tgt, cfg, 1, 0, 1);
+		if (tgt.be2)
+			return lb_encap(ctx, &pkt, &tgt, cfg, 1, 1, 2);
+		return lb_encap(ctx, &pkt, &tgt, cfg, 1, 1, 1);
+	}
+	if (vip->encap == XDPLB_ENCAP_IPIP)
+		return lb_encap(ctx, &pkt, &tgt, cfg, 0, 0, 1);
+	if (tgt.be2)
+		return lb_encap(ctx, &pkt, &tgt, cfg, 0, 1, 2);
+	return lb_encap(ctx, &pkt, &tgt, cfg, 0, 1, 1);
+}
+
+char LICENSE[] SEC("license") = "Dual BSD/GPL";

@@ -1,0 +1,103 @@
+/* SPDX-License-Identifier: (GPL-2.0-only OR BSD-2-Clause) */
+/*
+ * Steps 1-5 and 7 of docs/datapath.md: from a frame to a flow key, or to the
+ * verdict for a frame that is not ours to balance.
+ */
+#ifndef XDPLB_LIB_LB_PARSE_H
+#define XDPLB_LIB_LB_PARSE_H
+
+#include <linux/bpf.h>
+#include <linux/in.h>
+#include <bpf/bpf_helpers.h>
+
+#include "xdplb_abi.h"
+#include "lib/parsing.h"
+#include "lib/lb_maps.h"
+#include "lib/counters.h"
+
+/* lb_parse() result meaning "a TCP/UDP packet with a flow key: go on". */
+#define LB_CONTINUE	(-1)
+
+/* What the later steps need to know about the packet, parsed once. */
+struct lb_pkt {
+	struct xdplb_flow_key flow;	/* step 7: every other byte 0 */
+	__u32 l3_off;		/* inner IP header offset: 14, or 18 with a VLAN tag */
+	__u32 ip_len;		/* inner IP length: tot_len, or 40 + payload_len */
+	__u8 family;		/* enum xdplb_family of the inner packet */
+	__u8 tos;		/* inner TOS / traffic class, copied to the outer header */
+};
+
+/* Is this destination the address of some VIP? (for packets without ports) */
+static __always_inline int lb_is_vip_addr(const struct lb_pkt *pkt)
+{
+	struct xdplb_addr key = {};
+
+	__builtin_memcpy(key.addr, pkt->flow.dst, sizeof(key.addr));
+	key.family = pkt->family;
+	return bpf_map_lookup_elem(&lb_vip_addrs, &key) != NULL;
+}
+
+/* A VIP packet we cannot balance is dropped; anyone else's is passed on. */
+static __always_inline int lb_vip_drop_or_pass(const struct lb_pkt *pkt,
+					       enum xdplb_drop_reason reason)
+{
+	if (lb_is_vip_addr(pkt))
+		return lb_drop(reason);
+	return lb_pass(XDPLB_EV_PASS_NOT_VIP);
+}
+
+static __always_inline int lb_parse(struct xdp_md *ctx, struct lb_pkt *pkt)
+{
+	void *data = (void *)(long)ctx->data;
+	void *data_end = (void *)(long)ctx->data_end;
+	struct hdr_cursor nh = { .pos = data };
+	struct ethhdr *eth;
+	__u32 l4_len, ports;
+	int h_proto, proto;
+
+	h_proto = parse_ethhdr(&nh, data_end, &eth);
+	pkt->l3_off = nh.pos - data;
+
+	if (h_proto == bpf_htons(ETH_P_IP)) {
+		struct iphdr *iph;
+
+		proto = parse_iphdr(&nh, data_end, &iph, &pkt->ip_len);
+		if (proto < 0)
+			return lb_pass(XDPLB_EV_PASS_MALFORMED);
+		if (proto != IPPROTO_TCP && proto != IPPROTO_UDP)
+			return lb_pass(XDPLB_EV_PASS_NOT_VIP);
+		pkt->family = XDPLB_FAMILY_V4;
+		pkt->tos = iph->tos;
+		pkt->flow.src[0] = iph->saddr;
+		pkt->flow.dst[0] = iph->daddr;
+		/* Only the first fragment has ports; we do not reassemble (yet). */
+		if (iph->frag_off & bpf_htons(IP_MF | IP_OFFSET))
+			return lb_vip_drop_or_pass(pkt, XDPLB_DROP_FRAGMENT);
+		l4_len = pkt->ip_len - (nh.pos - (void *)iph);
+	} else if (h_proto == bpf_htons(ETH_P_IPV6)) {
+		struct ipv6hdr *ip6h;
+
+		proto = parse_ip6hdr(&nh, data_end, &ip6h, &pkt->ip_len);
+		if (proto < 0)
+			return lb_pass(XDPLB_EV_PASS_MALFORMED);
+		if (proto != IPPROTO_TCP && proto != IPPROTO_UDP)
+			return lb_pass(XDPLB_EV_PASS_NOT_VIP);
+		pkt->family = XDPLB_FAMILY_V6;
+		/* Traffic class straddles the first two bytes. */
+		pkt->tos = (ip6h->priority << 4) | (ip6h->flow_lbl[0] >> 4);
+		__builtin_memcpy(pkt->flow.src, &ip6h->saddr, 16);
+		__builtin_memcpy(pkt->flow.dst, &ip6h->daddr, 16);
+		l4_len = pkt->ip_len - sizeof(*ip6h);
+	} else {
+		return lb_pass(XDPLB_EV_PASS_NOT_IP);
+	}
+
+	if (parse_ports(&nh, data_end, proto, l4_len, &ports) < 0)
+		return lb_vip_drop_or_pass(pkt, XDPLB_DROP_MALFORMED_L4);
+	/* sport then dport in memory, exactly as in the L4 header. */
+	__builtin_memcpy(&pkt->flow.sport, &ports, sizeof(ports));
+	pkt->flow.proto = proto;
+	return LB_CONTINUE;
+}
+
+#endif /* XDPLB_LIB_LB_PARSE_H */

@@ -1,0 +1,183 @@
+/* SPDX-License-Identifier: (GPL-2.0-only OR BSD-2-Clause) */
+/*
+ * Steps 6, 8 and 9 of docs/datapath.md: which VIP, then which backend -
+ * from the connection table, or by hashing into the VIP's lookup table.
+ */
+#ifndef XDPLB_LIB_LB_SELECT_H
+#define XDPLB_LIB_LB_SELECT_H
+
+#include <linux/bpf.h>
+#include <bpf/bpf_helpers.h>
+
+#include "xdplb_abi.h"
+#include "lib/hash.h"
+#include "lib/lb_maps.h"
+#include "lib/counters.h"
+#include "lib/lb_parse.h"
+
+/*
+ * Bounded connection-table writes (DESIGN.md, "bounded writes under a
+ * new-connection flood", as Katran does): past LB_FLOOD_MAX new flows in one
+ * LB_FLOOD_WINDOW on a CPU, new flows are still balanced by the table but not
+ * recorded.  An insert into a full LRU evicts a cold entry and costs ~300 ns of
+ * cache misses here; a flood would spend that on flows that never come back.
+ */
+#define LB_FLOOD_WINDOW	(100 * 1000 * 1000ULL)	/* ns */
+#define LB_FLOOD_MAX	12500			/* per window per CPU: 125k/s */
+
+struct lb_flood {
+	__u64 start;		/* ktime of the window's start */
+	__u64 count;		/* new flows seen in it */
+};
+
+/* Per-CPU flood window; BPF-internal, not pinned (it is a rate, not state). */
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+	__uint(max_entries, 1);
+	__type(key, __u32);
+	__type(value, struct lb_flood);
+} lb_flood SEC(".maps");
+
+/* Count a new flow; true when this CPU is over its budget for the window. */
+static __always_inline int lb_under_flood(void)
+{
+	__u32 zero = 0;
+	struct lb_flood *fl = bpf_map_lookup_elem(&lb_flood, &zero);
+	__u64 now;
+
+	if (!fl)
+		return 0;
+	now = bpf_ktime_get_coarse_ns();
+	if (now - fl->start >= LB_FLOOD_WINDOW) {
+		fl->start = now;
+		fl->count = 0;
+	}
+	return ++fl->count > LB_FLOOD_MAX;
+}
+
+/* The outcome of selection: who gets the packet, and the flow's hash. */
+struct lb_target {
+	const struct xdplb_backend *be;
+	const struct xdplb_backend *be2;	/* Beamer second hop, or NULL */
+	__u32 be_id;
+	__u32 hash;
+};
+
+/* Step 6: the exact (dst, dport, proto) entry, else the port-0 wildcard. */
+static __always_inline const struct xdplb_vip_info *
+lb_vip_lookup(const struct lb_pkt *pkt)
+{
+	struct xdplb_vip_key key = {};
+	const struct xdplb_vip_info *vip;
+
+	__builtin_memcpy(key.addr, pkt->flow.dst, sizeof(key.addr));
+	key.port = pkt->flow.dport;
+	key.proto = pkt->flow.proto;
+	key.family = pkt->family;
+	vip = bpf_map_lookup_elem(&lb_vips, &key);
+	if (vip)
+		return vip;
+	key.port = 0;
+	return bpf_map_lookup_elem(&lb_vips, &key);
+}
+
+/* An active backend, or NULL.  Id 0 is "none" even if slot 0 were filled. */
+static __always_inline const struct xdplb_backend *lb_backend(__u32 id)
+{
+	const struct xdplb_backend *be;
+
+	if (!id)
+		return NULL;
+	be = bpf_map_lookup_elem(&lb_backends, &id);
+	if (!be || !(be->flags & XDPLB_BACKEND_F_ACTIVE))
+		return NULL;
+	return be;
+}
+
+/* Step 8.  Returns 1 on a usable hit (tgt filled in), 0 otherwise. */
+static __always_inline int lb_conn_lookup(const struct lb_pkt *pkt, struct lb_target *tgt)
+{
+	const struct xdplb_conn *conn;
+
+	conn = bpf_map_lookup_elem(&lb_conns, &pkt->flow);
+	if (!conn)
+		return 0;
+	tgt->be = lb_backend(conn->backend_id);
+	if (!tgt->be) {
+		/* Backend went away: re-hash, and the insert below replaces this entry. */
+		lb_count_event(XDPLB_EV_CONN_STALE);
+		return 0;
+	}
+	tgt->be_id = conn->backend_id;
+	tgt->hash = conn->hash;
+	lb_count_event(XDPLB_EV_CONN_HIT);
+	return 1;
+}
+
+/* Step 9, with XDPLB_VIP_F_SRC_HASH: everything but src hashed as zero. */
+static __always_inline __u32 lb_flow_hash(const struct lb_pkt *pkt,
+					  const struct xdplb_vip_info *vip, __u32 seed)
+{
+	struct xdplb_flow_key src_only = {};
+	const void *key = &pkt->flow;
+
+	if (vip->flags & XDPLB_VIP_F_SRC_HASH) {
+		__builtin_memcpy(src_only.src, pkt->flow.src, sizeof(src_only.src));
+		key = &src_only;
+	}
+	return xdplb_flow_hash(key, seed);
+}
+
+/*
+ * Step 9.  Returns -1 with tgt filled in and the connection recorded, or a
+ * drop verdict.
+ */
+static __always_inline int lb_table_lookup(const struct lb_pkt *pkt,
+					   const struct xdplb_vip_info *vip,
+					   const struct xdplb_config *cfg,
+					   struct lb_target *tgt)
+{
+	const struct xdplb_bucket *bucket;
+	struct xdplb_conn conn;
+	__u32 vip_id = vip->vip_id;
+	__u32 size = vip->table_size;
+	__u32 idx;
+	void *table;
+
+	tgt->hash = lb_flow_hash(pkt, vip, cfg->hash_seed);
+	table = bpf_map_lookup_elem(&lb_tables, &vip_id);
+	/* A zero size would make '%' keep the hash (BPF's x % 0 == x): no table either. */
+	if (!table || !size)
+		return lb_drop(XDPLB_DROP_NO_TABLE);
+	idx = tgt->hash % size;
+	bucket = bpf_map_lookup_elem(table, &idx);
+	if (!bucket)
+		return lb_drop(XDPLB_DROP_NO_BACKEND);
+	tgt->be_id = bucket->hop[0];
+	tgt->be = lb_backend(tgt->be_id);
+	if (!tgt->be)
+		return lb_drop(XDPLB_DROP_NO_BACKEND);
+
+	/*
+	 * Beamer: the second hop rides along in the GUE hop list so the first
+	 * hop can daisy-chain connections it does not know.  A hop list holds
+	 * one family only, so a second hop of the other family is left out.
+	 */
+	if (vip->table_kind == XDPLB_TABLE_BEAMER) {
+		const struct xdplb_backend *be2 = lb_backend(bucket->hop[1]);
+
+		if (be2 && be2->family == tgt->be->family)
+			tgt->be2 = be2;
+	}
+
+	if (!lb_under_flood()) {
+		conn.backend_id = tgt->be_id;
+		conn.hash = tgt->hash;
+		/* Best effort: a full LRU evicts; a failed insert only costs a rehash later. */
+		bpf_map_update_elem(&lb_conns, &pkt->flow, &conn, BPF_ANY);
+	}
+	lb_count_event(XDPLB_EV_CONN_MISS);
+	return -1;
+}
+
+#endif /* XDPLB_LIB_LB_SELECT_H */

@@ -1,0 +1,151 @@
+/* SPDX-License-Identifier: (GPL-2.0-only OR BSD-2-Clause) */
+/*
+ * Header cursor helpers in the style of xdp-tools' parsing_helpers.h: each
+ * helper checks bounds right before it reads, advances the cursor past the
+ * header it parsed and returns what comes next (or -1).
+ */
+#ifndef XDPLB_LIB_PARSING_H
+#define XDPLB_LIB_PARSING_H
+
+#include <linux/types.h>
+#include <linux/if_ether.h>
+#include <linux/ip.h>
+#include <linux/ipv6.h>
+#include <linux/tcp.h>
+#include <linux/udp.h>
+#include <bpf/bpf_helpers.h>
+#include <bpf/bpf_endian.h>
+
+/* Not in <linux/socket.h> for BPF targets; bpf_fib_lookup() wants these. */
+#define XDPLB_AF_INET	2
+#define XDPLB_AF_INET6	10
+
+#define IP_MF		0x2000
+#define IP_OFFSET	0x1fff
+#define IP_DF		0x4000
+
+struct hdr_cursor {
+	void *pos;
+};
+
+/* 802.1Q / 802.1ad tag; the uapi headers do not export it. */
+struct vlan_hdr {
+	__be16 h_vlan_TCI;
+	__be16 h_vlan_encapsulated_proto;
+};
+
+/*
+ * Ethernet plus at most one 802.1Q or 802.1ad tag.  Returns the EtherType
+ * (network order) of what follows, or -1 when the frame is too short.
+ */
+static __always_inline int parse_ethhdr(struct hdr_cursor *nh, void *data_end,
+					struct ethhdr **ethhdr)
+{
+	struct ethhdr *eth = nh->pos;
+	struct vlan_hdr *vlh;
+	__be16 h_proto;
+
+	if ((void *)(eth + 1) > data_end)
+		return -1;
+	*ethhdr = eth;
+	nh->pos = eth + 1;
+	h_proto = eth->h_proto;
+
+	if (h_proto == bpf_htons(ETH_P_8021Q) ||
+	    h_proto == bpf_htons(ETH_P_8021AD)) {
+		vlh = nh->pos;
+		if ((void *)(vlh + 1) > data_end)
+			return -1;
+		nh->pos = vlh + 1;
+		h_proto = vlh->h_vlan_encapsulated_proto;
+	}
+	return h_proto;
+}
+
+/*
+ * IPv4 header with options.  Accepts version 4, IHL >= 5, the whole header
+ * in the frame and ihl*4 <= tot_len <= bytes left.  Returns the protocol,
+ * or -1.  *ip_len is tot_len; the cursor ends on the L4 header.
+ */
+static __always_inline int parse_iphdr(struct hdr_cursor *nh, void *data_end,
+				       struct iphdr **iphdr, __u32 *ip_len)
+{
+	struct iphdr *iph = nh->pos;
+	__u32 hdrsize, tot_len;
+
+	if ((void *)(iph + 1) > data_end)
+		return -1;
+	/* One byte holds version and IHL: read it once, not as two bitfields. */
+	hdrsize = *(__u8 *)iph;
+	if ((hdrsize >> 4) != 4)
+		return -1;
+	hdrsize = (hdrsize & 0x0f) * 4;
+	if (hdrsize < sizeof(*iph))
+		return -1;
+	/* Variable-length header: the verifier wants the check on the sum itself. */
+	if (nh->pos + hdrsize > data_end)
+		return -1;
+	tot_len = bpf_ntohs(iph->tot_len);
+	if (tot_len < hdrsize || nh->pos + tot_len > data_end)
+		return -1;
+
+	*iphdr = iph;
+	*ip_len = tot_len;
+	nh->pos += hdrsize;
+	return iph->protocol;
+}
+
+/*
+ * Fixed IPv6 header; extension headers are not walked.  Accepts
+ * 40 + payload_len <= bytes left.  Returns the next header, or -1.
+ */
+static __always_inline int parse_ip6hdr(struct hdr_cursor *nh, void *data_end,
+					struct ipv6hdr **ip6hdr, __u32 *ip_len)
+{
+	struct ipv6hdr *ip6h = nh->pos;
+	__u32 len;
+
+	if ((void *)(ip6h + 1) > data_end)
+		return -1;
+	if ((*(__u8 *)ip6h >> 4) != 6)
+		return -1;
+	len = sizeof(*ip6h) + bpf_ntohs(ip6h->payload_len);
+	if (nh->pos + len > data_end)
+		return -1;
+
+	*ip6hdr = ip6h;
+	*ip_len = len;
+	nh->pos = ip6h + 1;
+	return ip6h->nexthdr;
+}
+
+/*
+ * TCP or UDP header, l4_len bytes of IP payload.  Returns 0 with both ports
+ * (network order, as one word: sport in the low half on little endian) or
+ * -1 when the header is truncated: TCP needs 20 bytes and 5 <= doff with
+ * doff*4 <= l4_len, UDP needs 8.
+ */
+static __always_inline int parse_ports(struct hdr_cursor *nh, void *data_end,
+				       __u8 proto, __u32 l4_len, __u32 *ports)
+{
+	if (proto == IPPROTO_TCP) {
+		struct tcphdr *tcp = nh->pos;
+		__u32 doff;
+
+		if ((void *)(tcp + 1) > data_end || l4_len < sizeof(*tcp))
+			return -1;
+		doff = tcp->doff;
+		if (doff < 5 || doff * 4 > l4_len)
+			return -1;
+	} else {
+		struct udphdr *udp = nh->pos;
+
+		if ((void *)(udp + 1) > data_end || l4_len < sizeof(*udp))
+			return -1;
+	}
+	/* Both headers start with sport, dport: one 32-bit load. */
+	*ports = *(__u32 *)nh->pos;
+	return 0;
+}
+
+#endif /* XDPLB_LIB_PARSING_H */

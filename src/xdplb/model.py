@@ -1,0 +1,928 @@
+"""The reference model of ``lb_xdp``: what the XDP program must do with one frame.
+
+docs/datapath.md is the contract; this module is that page as executable Python,
+step by step (the step numbers in comments are the page's).  The tests run the
+same packets through the real program (BPF_PROG_TEST_RUN) and through
+:func:`decide` and compare verdicts, counters and output bytes, so a bug on
+either side shows up as a disagreement rather than as a lost connection.
+
+The model is pure: a frozen :class:`DataplaneState` (what the maps hold) and a
+frame go in, a frozen :class:`Decision` comes out, no I/O.  It stops where
+the program starts depending on the kernel's neighbour and route tables
+(``bpf_fib_lookup``): a forwarded packet is :attr:`Outcome.FORWARD` with the
+exact encapsulated packet from the outer IP header on; whether it then leaves
+by ``XDP_TX``, ``XDP_REDIRECT`` or ``XDP_PASS`` is the FIB's business.
+
+Packets are parsed with ``struct`` and slicing, not scapy: the tests push
+hundreds of thousands of frames through here, and a parser that "fixes" a
+malformed packet on the way in would hide exactly the cases that matter.
+
+For bulk questions ("which backend gets each of these 10^6 flows?") use
+:func:`predict_many`, which hashes with numpy.
+"""
+
+from __future__ import annotations
+
+import enum
+import ipaddress
+import struct
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from functools import cached_property
+
+import numpy as np
+import numpy.typing as npt
+
+from xdplb import abi, hashing
+from xdplb.planner import Snapshot
+
+IPAddress = abi.IPAddress
+U32Array = npt.NDArray[np.uint32]
+
+ETH_HLEN = 14
+ETH_P_IP = 0x0800
+ETH_P_IPV6 = 0x86DD
+#: The tags lb_xdp skips (one of them, once): 802.1Q and 802.1ad.
+ETH_P_8021Q = 0x8100
+ETH_P_8021AD = 0x88A8
+VLAN_HLEN = 4
+
+IPPROTO_IPIP = 4
+IPPROTO_IPV6 = 41
+IPPROTO_TCP = abi.IPPROTO_TCP
+IPPROTO_UDP = abi.IPPROTO_UDP
+
+#: Outer header constants of step 11.
+OUTER_TTL = 64
+IP_DF = 0x4000
+UDP_HLEN = 8
+GUE_HLEN = 4
+#: GUE private data before the hops: ``__be16`` type, next hop index, hop count.
+GUE_PRIV_HLEN = 4
+
+_IPV4_MF_OFFSET = 0x3FFF  # MF flag and the 13-bit fragment offset
+
+
+class XdpAction(enum.IntEnum):
+    """The program's return value (``enum xdp_action`` of the kernel UAPI)."""
+
+    ABORTED = 0
+    DROP = 1
+    PASS = 2
+    TX = 3
+    REDIRECT = 4
+
+
+class Outcome(enum.Enum):
+    """What the model can decide without the kernel's FIB."""
+
+    #: ``XDP_DROP``; :attr:`Decision.drop` says why.
+    DROP = "drop"
+    #: ``XDP_PASS`` of the frame untouched; :attr:`Decision.events` says why.
+    PASS = "pass"
+    #: Encapsulated to :attr:`Decision.backend_id`.  The program then returns
+    #: ``XDP_TX`` / ``XDP_REDIRECT`` / ``XDP_PASS`` (no neighbour yet) or drops with
+    #: reason ``FIB``, by ``bpf_fib_lookup`` (step 12), which the model cannot know.
+    FORWARD = "forward"
+
+
+# ---------------------------------------------------------------------------
+# The state: what lb_xdp's maps hold
+# ---------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Vip:
+    """An ``lb_vips`` key: (address, port, protocol); ``port == 0`` is the wildcard."""
+
+    addr: IPAddress
+    #: Host order; 0 matches every port of (addr, proto) that has no exact entry.
+    port: int
+    #: ``IPPROTO_TCP`` or ``IPPROTO_UDP``.
+    proto: int
+
+    def abi_key(self) -> abi.VipKey:
+        """The C key, for writing this VIP into the real map."""
+        return abi.VipKey.make(self.addr, self.port, self.proto)
+
+
+@dataclass(frozen=True)
+class VipParams:
+    """An ``lb_vips`` value (``struct xdplb_vip_info``)."""
+
+    #: Index into ``lb_tables`` and ``lb_vip_stats``.
+    vip_id: int
+    #: ``abi.VIP_F_*``; ``VIP_F_SRC_HASH`` hashes the source address only.
+    flags: int = 0
+    #: Buckets of the VIP's table: the hash is taken modulo this, not modulo the
+    #: inner map's real size (a bucket beyond the inner map is "missing"); 0 counts
+    #: as "no table".
+    table_size: int = abi.DEFAULT_TABLE_SIZE
+    encap: abi.Encap = abi.Encap.GUE
+    table_kind: abi.TableKind = abi.TableKind.MAGLEV
+
+    def abi_value(self) -> abi.VipInfo:
+        return abi.VipInfo(self.vip_id, self.flags, self.table_size, self.encap, self.table_kind)
+
+
+@dataclass(frozen=True)
+class BackendState:
+    """An ``lb_backends`` slot (``struct xdplb_backend``)."""
+
+    #: Tunnel endpoint; its family is the outer header's family.
+    addr: IPAddress
+    #: ``XDPLB_BACKEND_F_ACTIVE``: an inactive slot is never chosen by the table and
+    #: turns a connection-table hit into ``CONN_STALE``.
+    active: bool = True
+
+    def abi_value(self) -> abi.Backend:
+        return abi.Backend.make(self.addr, abi.BACKEND_F_ACTIVE if self.active else 0)
+
+
+@dataclass(frozen=True, eq=False)
+class LookupTable:
+    """A VIP's inner table of ``lb_tables``: bucket i holds ``(first[i], second[i])``.
+
+    ``second`` is None for a table with no second hops (Maglev); a second hop of 0
+    means "none" in C too.  The arrays are made read-only: tables are replaced,
+    never edited (docs/datapath.md), and the model may be shared.
+    """
+
+    first: U32Array
+    second: U32Array | None = None
+
+    def __post_init__(self) -> None:
+        first = np.ascontiguousarray(self.first, dtype=np.uint32)
+        first.flags.writeable = False
+        object.__setattr__(self, "first", first)
+        if self.second is not None:
+            second = np.ascontiguousarray(self.second, dtype=np.uint32)
+            if second.shape != first.shape:
+                raise ValueError(
+                    f"second hops {second.shape} do not match first hops {first.shape}"
+                )
+            second.flags.writeable = False
+            object.__setattr__(self, "second", second)
+
+    def __len__(self) -> int:
+        return int(self.first.shape[0])
+
+    def buckets(self) -> bytes:
+        """The inner map's contents as ``struct xdplb_bucket[]`` (one batch update)."""
+        second = self.second if self.second is not None else np.zeros_like(self.first)
+        return np.stack([self.first, second], axis=1).astype("<u4").tobytes()
+
+
+@dataclass(frozen=True)
+class LbConfig:
+    """``lb_config[0]`` (``struct xdplb_config``)."""
+
+    #: Outer source for IPv4 tunnels; None (all zero in C) makes them drop ``NO_CONFIG``.
+    src4: ipaddress.IPv4Address | None
+    #: Outer source for IPv6 tunnels; None likewise.
+    src6: ipaddress.IPv6Address | None
+    #: GUE destination UDP port, host order.
+    gue_port: int = abi.GUE_PORT
+    #: The flow hash's seed (``hash_seed``).
+    seed: int = 0
+
+    def abi_value(self) -> abi.Config:
+        cfg = abi.Config()
+        if self.src4 is not None:
+            cfg.src4 = abi.addr_words(self.src4)[0]
+        if self.src6 is not None:
+            cfg.src6[:] = abi.addr_words(self.src6)
+        cfg.gue_port = int.from_bytes(self.gue_port.to_bytes(2, "big"), "little")
+        cfg.hash_seed = self.seed
+        return cfg
+
+
+@dataclass(frozen=True)
+class ConnEntry:
+    """An ``lb_conns`` value (``struct xdplb_conn``)."""
+
+    backend_id: int
+    #: The flow hash computed when the entry was made: reused for the GUE source port.
+    hash: int
+
+
+@dataclass(frozen=True)
+class Flow:
+    """A 5-tuple as lb_xdp sees it; ports in host order."""
+
+    src: IPAddress
+    dst: IPAddress
+    sport: int
+    dport: int
+    proto: int
+
+    def __post_init__(self) -> None:
+        if self.src.version != self.dst.version:
+            raise ValueError(f"mixed families: {self.src} -> {self.dst}")
+
+    def key(self) -> bytes:
+        """The 40 bytes of ``struct xdplb_flow_key`` (the ``lb_conns`` key)."""
+        return flow_key(self.src.packed, self.dst.packed, self.sport, self.dport, self.proto)
+
+    def hash_key(self, src_only: bool = False) -> bytes:
+        """The bytes that are hashed: the key, or with ``VIP_F_SRC_HASH`` the source only."""
+        if src_only:
+            return self.src.packed.ljust(hashing.FLOW_KEY_SIZE, b"\0")
+        return self.key()
+
+
+def flow_key(src: bytes, dst: bytes, sport: int, dport: int, proto: int) -> bytes:
+    """``struct xdplb_flow_key`` from raw addresses (4 or 16 bytes), every other byte 0."""
+    return src.ljust(16, b"\0") + dst.ljust(16, b"\0") + struct.pack("!HHB3x", sport, dport, proto)
+
+
+def _addr_key(addr: IPAddress) -> tuple[int, bytes]:
+    return (addr.version, addr.packed)
+
+
+@dataclass(frozen=True)
+class DataplaneState:
+    """Everything lb_xdp reads from its maps, as plain values.
+
+    ``conns`` is read, never written, by :func:`decide`: a decision reports the entry
+    it would insert (:attr:`Decision.conn_insert`) and the caller applies it (see
+    :func:`apply`), so one state can answer many "what if" questions.
+    """
+
+    #: ``lb_vips``.
+    vips: Mapping[Vip, VipParams]
+    #: ``lb_backends``: id -> slot; ids absent here are empty (all-zero) slots.
+    backends: Mapping[int, BackendState]
+    #: ``lb_tables``: vip id -> inner table; a VIP without one drops ``NO_TABLE``.
+    tables: Mapping[int, LookupTable]
+    #: ``lb_config[0]``.
+    config: LbConfig
+    #: ``lb_conns``: flow key bytes (:meth:`Flow.key`) -> entry.
+    conns: Mapping[bytes, ConnEntry] = field(default_factory=dict)
+    #: ``lb_vip_addrs``; None means "the addresses of ``vips``", which is what the
+    #: control plane keeps it at.  Give it explicitly to model a map out of step.
+    vip_addrs: frozenset[IPAddress] | None = None
+
+    # Indexes by raw bytes, built once: decide() runs per packet, hundreds of
+    # thousands of times in the tests.  cached_property writes to __dict__, which
+    # a frozen dataclass allows.
+    @cached_property
+    def _vip_index(self) -> dict[tuple[int, bytes, int, int], tuple[Vip, VipParams]]:
+        return {(*_addr_key(v.addr), v.port, v.proto): (v, p) for v, p in self.vips.items()}
+
+    @cached_property
+    def _vip_addr_index(self) -> frozenset[tuple[int, bytes]]:
+        addrs = self.vip_addrs if self.vip_addrs is not None else {v.addr for v in self.vips}
+        return frozenset(_addr_key(a) for a in addrs)
+
+    def backend_usable(self, backend_id: int) -> bool:
+        """A backend the program may send to: id ≠ 0, in range, slot active."""
+        if backend_id == 0 or backend_id >= abi.MAX_BACKENDS:
+            return False
+        slot = self.backends.get(backend_id)
+        return slot is not None and slot.active
+
+    def find_vip(self, dst: IPAddress, dport: int, proto: int) -> tuple[Vip, VipParams] | None:
+        """Step 6: the exact ``(dst, dport, proto)`` entry, else the port-0 wildcard."""
+        return self._find_vip(dst.version, dst.packed, dport, proto)
+
+    def _find_vip(
+        self, version: int, dst: bytes, dport: int, proto: int
+    ) -> tuple[Vip, VipParams] | None:
+        index = self._vip_index
+        hit = index.get((version, dst, dport, proto))
+        if hit is None:
+            hit = index.get((version, dst, 0, proto))
+        return hit
+
+    def is_vip_addr(self, version: int, addr: bytes) -> bool:
+        """``lb_vip_addrs`` membership (steps 4 and 5, where the port is unknown)."""
+        return (version, addr) in self._vip_addr_index
+
+
+# ---------------------------------------------------------------------------
+# The decision
+# ---------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Decision:
+    """What lb_xdp does with one frame, up to (not including) the FIB lookup."""
+
+    outcome: Outcome
+    #: Events counted in ``lb_events``, in order.  For FORWARD this stops before
+    #: step 12's TX / REDIRECT / FIB_PASS, which depends on the FIB.
+    events: tuple[abi.Event, ...] = ()
+    #: The ``lb_drops`` index counted, for DROP.
+    drop: abi.DropReason | None = None
+    #: The parsed 5-tuple, from step 7 on.
+    flow: Flow | None = None
+    #: The VIP matched in step 6 and its value.
+    vip: Vip | None = None
+    vip_params: VipParams | None = None
+    #: The flow hash used (stored one on a connection-table hit).
+    flow_hash: int | None = None
+    #: The table bucket, when the table was consulted.
+    bucket: int | None = None
+    #: The chosen backend (first hop = outer destination).
+    backend_id: int | None = None
+    #: Every hop written into the GUE hop list, first hop first.
+    hops: tuple[int, ...] = ()
+    #: ``0x8000 | (hash & 0x7fff)``: the GUE (outer UDP) source port.
+    gue_sport: int | None = None
+    #: FORWARD: the frame from the outer IP header to its end (outer IP [+ UDP + GUE] +
+    #: the original IP packet + any trailing bytes the frame had).  The Ethernet header
+    #: in front of it is the FIB's (step 12).
+    packet: bytes | None = None
+    #: The entry inserted into ``lb_conns`` (key, value), on a table lookup that chose
+    #: a backend (also when a later step drops the packet).
+    conn_insert: tuple[bytes, ConnEntry] | None = None
+    #: Inner IP length, added to ``bytes`` of the VIP's and the backend's stats (step
+    #: 10) whenever a backend was chosen; None when no stats move.
+    stats_bytes: int | None = None
+
+    @property
+    def new_flow(self) -> bool:
+        """Whether ``new_flows`` of the VIP and backend stats moves."""
+        return self.conn_insert is not None
+
+    def allows(self, action: int) -> bool:
+        """Whether the program's return value is consistent with this decision.
+
+        FORWARD admits every step-12 outcome (including a FIB drop); callers that
+        know the FIB should check the exact action themselves.
+        """
+        if self.outcome is Outcome.DROP:
+            return action == XdpAction.DROP
+        if self.outcome is Outcome.PASS:
+            return action == XdpAction.PASS
+        return action in (XdpAction.TX, XdpAction.REDIRECT, XdpAction.PASS, XdpAction.DROP)
+
+    def describe(self) -> str:
+        """One line for test failures."""
+        parts = [self.outcome.value]
+        if self.drop is not None:
+            parts.append(f"drop={self.drop.name}")
+        if self.events:
+            parts.append("events=" + ",".join(e.name for e in self.events))
+        if self.flow is not None:
+            f = self.flow
+            parts.append(f"flow={f.src}:{f.sport}->{f.dst}:{f.dport}/{f.proto}")
+        if self.backend_id is not None:
+            parts.append(f"backend={self.backend_id} hops={list(self.hops)}")
+        if self.flow_hash is not None:
+            parts.append(f"hash={self.flow_hash:#010x}")
+        return " ".join(parts)
+
+
+def _pass(event: abi.Event) -> Decision:
+    return Decision(Outcome.PASS, events=(event,))
+
+
+def _drop(reason: abi.DropReason) -> Decision:
+    return Decision(Outcome.DROP, drop=reason)
+
+
+_PASS_NOT_IP = _pass(abi.Event.PASS_NOT_IP)
+_PASS_MALFORMED = _pass(abi.Event.PASS_MALFORMED)
+_PASS_NOT_VIP = _pass(abi.Event.PASS_NOT_VIP)
+
+
+def gue_sport(flow_hash: int) -> int:
+    """The outer UDP source port: high half of the ephemeral range, for ECMP and RSS."""
+    return 0x8000 | (flow_hash & 0x7FFF)
+
+
+def ipv4_checksum(header: bytes) -> int:
+    """RFC 1071 one's-complement sum of a header whose checksum field is zero."""
+    total: int = sum(struct.unpack(f"!{len(header) // 2}H", header))
+    while total >> 16:
+        total = (total & 0xFFFF) + (total >> 16)
+    return ~total & 0xFFFF
+
+
+@dataclass(frozen=True)
+class _Parsed:
+    """The frame as steps 1-5 leave it."""
+
+    l3: int  # offset of the IP header
+    version: int
+    ip_len: int  # tot_len, or 40 + payload_len
+    tos: int  # TOS / traffic class
+    src: bytes
+    dst: bytes
+    proto: int
+    sport: int
+    dport: int
+
+
+def _parse(frame: bytes, state: DataplaneState) -> _Parsed | Decision:
+    """Steps 1-5: a parsed VIP-candidate packet, or the decision that ends it."""
+    n = len(frame)
+    # 1. Ethernet, one 802.1Q / 802.1ad tag skipped.
+    if n < ETH_HLEN:
+        return _PASS_NOT_IP
+    l3 = ETH_HLEN
+    proto = int.from_bytes(frame[12:14], "big")
+    if proto in (ETH_P_8021Q, ETH_P_8021AD):
+        if n < ETH_HLEN + VLAN_HLEN:
+            return _PASS_NOT_IP
+        proto = int.from_bytes(frame[16:18], "big")
+        l3 += VLAN_HLEN
+    left = n - l3
+
+    # 2. IP header sanity against the frame.
+    if proto == ETH_P_IP:
+        if left < 20:
+            return _PASS_MALFORMED
+        vihl = frame[l3]
+        ihl = (vihl & 0xF) * 4
+        if vihl >> 4 != 4 or ihl < 20 or ihl > left:
+            return _PASS_MALFORMED
+        ip_len = int.from_bytes(frame[l3 + 2 : l3 + 4], "big")
+        if not ihl <= ip_len <= left:
+            return _PASS_MALFORMED
+        version = 4
+        tos = frame[l3 + 1]
+        l4proto = frame[l3 + 9]
+        src = frame[l3 + 12 : l3 + 16]
+        dst = frame[l3 + 16 : l3 + 20]
+        l4 = l3 + ihl
+        frag = int.from_bytes(frame[l3 + 6 : l3 + 8], "big") & _IPV4_MF_OFFSET
+    elif proto == ETH_P_IPV6:
+        if left < 40:
+            return _PASS_MALFORMED
+        ip_len = 40 + int.from_bytes(frame[l3 + 4 : l3 + 6], "big")
+        if frame[l3] >> 4 != 6 or ip_len > left:
+            return _PASS_MALFORMED
+        version = 6
+        tos = (int.from_bytes(frame[l3 : l3 + 2], "big") >> 4) & 0xFF
+        l4proto = frame[l3 + 6]
+        src = frame[l3 + 8 : l3 + 24]
+        dst = frame[l3 + 24 : l3 + 40]
+        l4 = l3 + 40
+        frag = 0
+    else:
+        return _PASS_NOT_IP
+
+    # 3. Only TCP and UDP (IPv6: the first next header, no extension headers walked).
+    if l4proto != IPPROTO_TCP and l4proto != IPPROTO_UDP:
+        return _PASS_NOT_VIP
+    # 4. IPv4 fragments of a VIP address are dropped: only the first has ports.
+    if frag:
+        if state.is_vip_addr(version, dst):
+            return _drop(abi.DropReason.FRAGMENT)
+        return _PASS_NOT_VIP
+    # 5. The L4 header must lie inside the IP packet (not merely inside the frame:
+    #    Ethernet padding is not payload).
+    l4_len = l3 + ip_len - l4
+    if l4proto == IPPROTO_TCP:
+        ok = l4_len >= 20 and 5 * 4 <= (frame[l4 + 12] >> 4) * 4 <= l4_len
+    else:
+        ok = l4_len >= 8
+    if not ok:
+        if state.is_vip_addr(version, dst):
+            return _drop(abi.DropReason.MALFORMED_L4)
+        return _PASS_NOT_VIP
+    sport = int.from_bytes(frame[l4 : l4 + 2], "big")
+    dport = int.from_bytes(frame[l4 + 2 : l4 + 4], "big")
+    return _Parsed(l3, version, ip_len, tos, src, dst, l4proto, sport, dport)
+
+
+def _ip(version: int, raw: bytes) -> IPAddress:
+    return ipaddress.IPv4Address(raw) if version == 4 else ipaddress.IPv6Address(raw)
+
+
+def decide(state: DataplaneState, frame: bytes) -> Decision:
+    """Steps 1-11 of docs/datapath.md for one Ethernet frame."""
+    parsed = _parse(frame, state)
+    if isinstance(parsed, Decision):
+        return parsed
+    p = parsed
+    # 6. The VIP: exact port, then the port-0 wildcard.
+    hit = state._find_vip(p.version, p.dst, p.dport, p.proto)
+    if hit is None:
+        return _PASS_NOT_VIP
+    vip, params = hit
+    # 7. The flow key: the connection table's key whatever the VIP hashes.
+    key = flow_key(p.src, p.dst, p.sport, p.dport, p.proto)
+    flow = Flow(_ip(p.version, p.src), _ip(p.version, p.dst), p.sport, p.dport, p.proto)
+    events, drop, flow_hash, bucket, hops, conn_insert = _choose(state, params, key, flow)
+    if drop is not None:
+        return Decision(
+            Outcome.DROP,
+            events=events,
+            drop=drop,
+            flow=flow,
+            vip=vip,
+            vip_params=params,
+            flow_hash=flow_hash,
+            bucket=bucket,
+        )
+    assert flow_hash is not None and hops
+    # 11. Encapsulate (10., the stats, move before encapsulation can fail).
+    outer = _outer_headers(state, params, p, hops, flow_hash)
+    return Decision(
+        Outcome.FORWARD if outer is not None else Outcome.DROP,
+        events=events,
+        drop=None if outer is not None else abi.DropReason.NO_CONFIG,
+        flow=flow,
+        vip=vip,
+        vip_params=params,
+        flow_hash=flow_hash,
+        bucket=bucket,
+        backend_id=hops[0],
+        hops=hops,
+        gue_sport=gue_sport(flow_hash) if outer is not None else None,
+        packet=outer + frame[p.l3 :] if outer is not None else None,
+        conn_insert=conn_insert,
+        stats_bytes=p.ip_len,
+    )
+
+
+_Choice = tuple[
+    tuple[abi.Event, ...],
+    abi.DropReason | None,
+    int | None,
+    int | None,
+    tuple[int, ...],
+    tuple[bytes, ConnEntry] | None,
+]
+
+
+def _choose(state: DataplaneState, params: VipParams, key: bytes, flow: Flow) -> _Choice:
+    """Steps 8-9: the hops, or the drop reason; with the events counted on the way."""
+    events: tuple[abi.Event, ...] = ()
+    # 8. Connection table.
+    conn = state.conns.get(key)
+    if conn is not None:
+        if state.backend_usable(conn.backend_id):
+            return ((abi.Event.CONN_HIT,), None, conn.hash, None, (conn.backend_id,), None)
+        events = (abi.Event.CONN_STALE,)
+    # 9. Table.
+    src_only = bool(params.flags & abi.VIP_F_SRC_HASH)
+    flow_hash = hashing.flow_hash(flow.hash_key(src_only), state.config.seed)
+    table = state.tables.get(params.vip_id)
+    # A zero table_size counts as no table (BPF's x % 0 == x would pick a random bucket).
+    if table is None or params.table_size == 0:
+        return (events, abi.DropReason.NO_TABLE, flow_hash, None, (), None)
+    bucket = flow_hash % params.table_size
+    if bucket >= len(table):
+        return (events, abi.DropReason.NO_BACKEND, flow_hash, bucket, (), None)
+    first = int(table.first[bucket])
+    if not state.backend_usable(first):
+        return (events, abi.DropReason.NO_BACKEND, flow_hash, bucket, (), None)
+    hops: tuple[int, ...] = (first,)
+    if params.table_kind == abi.TableKind.BEAMER and table.second is not None:
+        second = int(table.second[bucket])
+        if second != 0 and _second_hop_ok(state, first, second):
+            hops = (first, second)
+    insert = (key, ConnEntry(first, flow_hash))
+    return ((*events, abi.Event.CONN_MISS), None, flow_hash, bucket, hops, insert)
+
+
+def _second_hop_ok(state: DataplaneState, first: int, second: int) -> bool:
+    """A second hop rides along when it is usable and of the first hop's family.
+
+    A hop list holds addresses of one (the outer) family only; an inactive
+    second hop has no connections left to daisy-chain to.
+    """
+    return (
+        state.backend_usable(second)
+        and state.backends[second].addr.version == state.backends[first].addr.version
+    )
+
+
+def _outer_headers(
+    state: DataplaneState,
+    params: VipParams,
+    p: _Parsed,
+    hops: tuple[int, ...],
+    flow_hash: int,
+) -> bytes | None:
+    """Step 11's outer IP [+ UDP + GUE] header, or None without a source address."""
+    cfg = state.config
+    target = state.backends[hops[0]].addr
+    inner_proto = IPPROTO_IPIP if p.version == 4 else IPPROTO_IPV6
+    tunnel: bytes = b""
+    if params.encap == abi.Encap.GUE:
+        hop_addrs = b"".join(state.backends[h].addr.packed for h in hops)
+        w = 1 if target.version == 4 else 4
+        hlen = 1 + len(hops) * w
+        gue = bytes((hlen, inner_proto, 0, 0)) + struct.pack("!HBB", 0, 0, len(hops)) + hop_addrs
+        udp_len = UDP_HLEN + len(gue) + p.ip_len
+        tunnel = struct.pack("!HHHH", gue_sport(flow_hash), cfg.gue_port, udp_len, 0) + gue
+        next_proto = IPPROTO_UDP
+    else:
+        next_proto = inner_proto
+    payload_len = len(tunnel) + p.ip_len
+    if target.version == 4:
+        if cfg.src4 is None or int(cfg.src4) == 0:
+            return None
+        hdr = struct.pack(
+            "!BBHHHBBH4s4s",
+            0x45,
+            p.tos,
+            20 + payload_len,
+            0,
+            IP_DF,
+            OUTER_TTL,
+            next_proto,
+            0,
+            cfg.src4.packed,
+            target.packed,
+        )
+        csum = ipv4_checksum(hdr)
+        hdr = hdr[:10] + csum.to_bytes(2, "big") + hdr[12:]
+    else:
+        if cfg.src6 is None or int(cfg.src6) == 0:
+            return None
+        hdr = struct.pack(
+            "!IHBB16s16s",
+            (6 << 28) | (p.tos << 20),
+            payload_len,
+            next_proto,
+            OUTER_TTL,
+            cfg.src6.packed,
+            target.packed,
+        )
+    return hdr + tunnel
+
+
+def apply(state: DataplaneState, decision: Decision) -> DataplaneState:
+    """The state after a decision: its connection-table insert applied.
+
+    Copies the connection table; for long packet sequences keep a dict and
+    insert ``decision.conn_insert`` into it yourself.
+    """
+    if decision.conn_insert is None:
+        return state
+    key, entry = decision.conn_insert
+    conns = dict(state.conns)
+    conns[key] = entry
+    return DataplaneState(
+        state.vips, state.backends, state.tables, state.config, conns, state.vip_addrs
+    )
+
+
+# ---------------------------------------------------------------------------
+# Flows without packets
+# ---------------------------------------------------------------------------
+
+
+def predict_backend(state: DataplaneState, flow: Flow) -> int | None:
+    """The backend a packet of ``flow`` goes to (steps 6-9), or None if it does not.
+
+    None covers "not a VIP" as well as the table drops; use :func:`decide` on a
+    frame to learn which.
+    """
+    hit = state.find_vip(flow.dst, flow.dport, flow.proto)
+    if hit is None:
+        return None
+    _vip, params = hit
+    _events, drop, _hash, _bucket, hops, _insert = _choose(state, params, flow.key(), flow)
+    return None if drop is not None else hops[0]
+
+
+@dataclass(frozen=True, eq=False)
+class FlowBatch:
+    """Many flows as columns, for :func:`predict_many`.
+
+    Addresses are the four ``__u32`` words of the C key (IPv4 in word 0), read
+    little-endian from network-order bytes, exactly as ``abi.addr_words`` does.
+    """
+
+    #: ``(n, 4)`` uint32.
+    src: U32Array
+    #: ``(n, 4)`` uint32.
+    dst: U32Array
+    #: ``(n,)`` host-order ports.
+    sport: npt.NDArray[np.uint16]
+    dport: npt.NDArray[np.uint16]
+    #: ``(n,)`` IP protocol numbers.
+    proto: npt.NDArray[np.uint8]
+    #: ``(n,)`` 4 or 6.
+    family: npt.NDArray[np.uint8]
+
+    def __len__(self) -> int:
+        return int(self.sport.shape[0])
+
+    @classmethod
+    def from_flows(cls, flows: Sequence[Flow]) -> FlowBatch:
+        src = np.frombuffer(
+            b"".join(f.src.packed.ljust(16, b"\0") for f in flows), dtype="<u4"
+        ).reshape(-1, 4)
+        dst = np.frombuffer(
+            b"".join(f.dst.packed.ljust(16, b"\0") for f in flows), dtype="<u4"
+        ).reshape(-1, 4)
+        return cls(
+            src.astype(np.uint32),
+            dst.astype(np.uint32),
+            np.array([f.sport for f in flows], dtype=np.uint16),
+            np.array([f.dport for f in flows], dtype=np.uint16),
+            np.array([f.proto for f in flows], dtype=np.uint8),
+            np.array([f.src.version for f in flows], dtype=np.uint8),
+        )
+
+    def words(self, src_only: npt.NDArray[np.bool_] | None = None) -> U32Array:
+        """The ``(n, 10)`` words of each flow key; rows in ``src_only`` keep the source only."""
+        n = len(self)
+        words = np.zeros((n, hashing.FLOW_WORDS), dtype=np.uint32)
+        words[:, 0:4] = self.src
+        words[:, 4:8] = self.dst
+        # Ports are __be16 in memory; read little-endian as one word: byte-swapped halves.
+        sport_be = self.sport.astype(np.uint16).byteswap().astype(np.uint32)
+        dport_be = self.dport.astype(np.uint16).byteswap().astype(np.uint32)
+        words[:, 8] = sport_be | (dport_be << np.uint32(16))
+        words[:, 9] = self.proto.astype(np.uint32)
+        if src_only is not None:
+            words[src_only, 4:] = 0
+        return words
+
+
+@dataclass(frozen=True, eq=False)
+class Predictions:
+    """:func:`predict_many`'s answer, one row per flow."""
+
+    #: The chosen backend, 0 where the flow is not forwarded (no VIP, or a table drop).
+    backend: U32Array
+    #: The flow hash that chose it (the stored one on a connection-table hit).
+    flow_hash: U32Array
+    #: ``vip_id`` of the matched VIP, -1 where none matched.
+    vip_id: npt.NDArray[np.int64]
+
+    @property
+    def gue_sport(self) -> npt.NDArray[np.uint16]:
+        return (np.uint32(0x8000) | (self.flow_hash & np.uint32(0x7FFF))).astype(np.uint16)
+
+
+def predict_many(state: DataplaneState, flows: FlowBatch | Sequence[Flow]) -> Predictions:
+    """:func:`predict_backend` for many flows at once, hashing with numpy.
+
+    The VIP lookup runs once per distinct (dst, dport, proto) and the hash once
+    per flow in numpy; only connection-table hits (if ``state.conns`` is not
+    empty) cost a Python dict lookup per flow.
+    """
+    batch = flows if isinstance(flows, FlowBatch) else FlowBatch.from_flows(flows)
+    n = len(batch)
+    backend = np.zeros(n, dtype=np.uint32)
+    out_hash = np.zeros(n, dtype=np.uint32)
+    vip_id = np.full(n, -1, dtype=np.int64)
+    src_only = np.zeros(n, dtype=bool)
+
+    # Step 6 per distinct destination, not per flow.
+    dst_bytes = batch.dst.astype("<u4").view(np.uint8).reshape(n, 16)
+    groups: dict[tuple[bytes, int, int, int], list[int]] = {}
+    for i in range(n):
+        fam = int(batch.family[i])
+        raw = dst_bytes[i, : 4 if fam == 4 else 16].tobytes()
+        groups.setdefault((raw, fam, int(batch.dport[i]), int(batch.proto[i])), []).append(i)
+    params_of: dict[int, VipParams] = {}
+    for (raw, fam, dport, proto), members in groups.items():
+        hit = state._find_vip(fam, raw, dport, proto)
+        if hit is None:
+            continue
+        params = hit[1]
+        params_of[params.vip_id] = params
+        idx = np.array(members, dtype=np.int64)
+        vip_id[idx] = params.vip_id
+        src_only[idx] = bool(params.flags & abi.VIP_F_SRC_HASH)
+
+    # Step 9, vectorised over every matched flow.
+    matched = vip_id >= 0
+    hashes = hashing.flow_hash_many(batch.words(src_only), state.config.seed)
+    for vid, params in params_of.items():
+        rows = np.flatnonzero(vip_id == vid)
+        table = state.tables.get(vid)
+        if table is None or rows.size == 0 or params.table_size == 0:
+            continue
+        h = hashes[rows].astype(np.uint64)
+        bucket = h % np.uint64(params.table_size)
+        inside = bucket < len(table)
+        chosen = np.zeros(rows.size, dtype=np.uint32)
+        chosen[inside] = table.first[bucket[inside].astype(np.int64)]
+        usable = _usable_mask(state, chosen)
+        backend[rows[usable]] = chosen[usable]
+        out_hash[rows] = hashes[rows]
+
+    # Step 8 overrides where the connection table has a live entry.
+    if state.conns:
+        keys = np.zeros((n, hashing.FLOW_WORDS), dtype="<u4")
+        keys[:] = batch.words()
+        raw_keys = keys.tobytes()
+        for row in np.flatnonzero(matched).tolist():
+            conn = state.conns.get(raw_keys[row * 40 : row * 40 + 40])
+            if conn is not None and state.backend_usable(conn.backend_id):
+                backend[row] = conn.backend_id
+                out_hash[row] = conn.hash
+    return Predictions(backend, out_hash, vip_id)
+
+
+def _usable_mask(state: DataplaneState, ids: U32Array) -> npt.NDArray[np.bool_]:
+    """Per id: :meth:`DataplaneState.backend_usable`, looked up once per distinct id."""
+    mask = np.zeros(ids.shape, dtype=bool)
+    for bid in np.unique(ids):
+        if state.backend_usable(int(bid)):
+            mask[ids == bid] = True
+    return mask
+
+
+# ---------------------------------------------------------------------------
+# Frames, for tests and benchmarks
+# ---------------------------------------------------------------------------
+
+#: Locally administered MACs: the model never looks at them.
+MAC_DST = bytes.fromhex("02000000000b")
+MAC_SRC = bytes.fromhex("02000000000a")
+
+
+def l4_header(proto: int, sport: int, dport: int, payload: bytes = b"") -> bytes:
+    """A minimal TCP (SYN, data offset 5) or UDP header for ``payload``; checksums 0.
+
+    lb_xdp never reads L4 checksums, so the builders do not compute them.
+    """
+    if proto == IPPROTO_TCP:
+        return struct.pack("!HHIIBBHHH", sport, dport, 1, 0, 5 << 4, 0x02, 65535, 0, 0)
+    if proto == IPPROTO_UDP:
+        return struct.pack("!HHHH", sport, dport, UDP_HLEN + len(payload), 0)
+    return b""
+
+
+def ip_packet(
+    src: IPAddress,
+    dst: IPAddress,
+    proto: int,
+    l4: bytes,
+    *,
+    tos: int = 0,
+    ttl: int = 64,
+    frag: int = 0,
+    options: bytes = b"",
+) -> bytes:
+    """An IPv4 or IPv6 header in front of ``l4`` (``frag``/``options``: IPv4 only)."""
+    if src.version == 4:
+        ihl = 5 + len(options) // 4
+        hdr = struct.pack(
+            "!BBHHHBBH4s4s",
+            (4 << 4) | ihl,
+            tos,
+            ihl * 4 + len(l4),
+            0x1234,
+            frag,
+            ttl,
+            proto,
+            0,
+            src.packed,
+            dst.packed,
+        )
+        hdr += options
+        csum = ipv4_checksum(hdr)
+        return hdr[:10] + csum.to_bytes(2, "big") + hdr[12:] + l4
+    hdr = struct.pack(
+        "!IHBB16s16s", (6 << 28) | (tos << 20), len(l4), proto, ttl, src.packed, dst.packed
+    )
+    return hdr + l4
+
+
+def ethernet(ip: bytes, version: int, *, vlan: int | None = None, tpid: int = ETH_P_8021Q) -> bytes:
+    """An Ethernet header (with one tag if ``vlan`` is given) in front of an IP packet."""
+    ethertype = (ETH_P_IP if version == 4 else ETH_P_IPV6).to_bytes(2, "big")
+    tag = b"" if vlan is None else tpid.to_bytes(2, "big") + (vlan & 0xFFF).to_bytes(2, "big")
+    return MAC_DST + MAC_SRC + tag + ethertype + ip
+
+
+def frame(flow: Flow, payload: bytes = b"", *, vlan: int | None = None, tos: int = 0) -> bytes:
+    """A well-formed Ethernet frame of ``flow`` carrying ``payload``."""
+    l4 = l4_header(flow.proto, flow.sport, flow.dport, payload) + payload
+    return ethernet(
+        ip_packet(flow.src, flow.dst, flow.proto, l4, tos=tos), flow.src.version, vlan=vlan
+    )
+
+
+def frames(flows: Iterable[Flow], payload: bytes = b"") -> list[bytes]:
+    """:func:`frame` for each flow."""
+    return [frame(f, payload) for f in flows]
+
+
+def state_from_snapshot(
+    snap: Snapshot, conns: Mapping[bytes, ConnEntry] | None = None
+) -> DataplaneState:
+    """The model's input from a snapshot of the real maps (``LbMaps.snapshot()``)."""
+    return DataplaneState(
+        vips={
+            Vip(addr, port, proto): VipParams(
+                st.vip_id, st.flags, st.table_size, st.encap, st.table_kind
+            )
+            for (addr, port, proto), st in snap.vips.items()
+        },
+        backends={i: BackendState(b.address, b.active) for i, b in snap.backends.items()},
+        tables={
+            vip_id: LookupTable(buckets[:, 0], buckets[:, 1] if buckets[:, 1].any() else None)
+            for vip_id, buckets in snap.tables.items()
+        },
+        config=LbConfig(
+            snap.tunnel.src4, snap.tunnel.src6, snap.tunnel.gue_port, snap.tunnel.hash_seed
+        ),
+        conns=dict(conns or {}),
+        vip_addrs=frozenset(snap.vip_addrs),
+    )

@@ -1,0 +1,77 @@
+"""Fixtures for the lb_xdp tests: a lab namespace, the loaded program, a config helper.
+
+- ``lb_netns`` (module): a fresh network namespace ``xdplbt-<pid>-<n>`` with a veth pair
+  lb0/lb0p up, 198.18.0.2/24 and fd78:6470:6c62::2/64 (nodad) on lb0, forwarding on, and
+  permanent neighbours for the fixture backends. This thread runs inside it (libc setns)
+  for the whole module, so test_run's ingress_ifindex and bpf_fib_lookup() see its
+  devices, routes and neighbours; it is left and deleted afterwards whatever happens.
+- ``lb_obj`` (module): build/lb_xdp.bpf.o loaded with its pins under
+  /sys/fs/bpf/xdplbt-<pid>-<n> (removed afterwards).
+- ``lb`` (function): the object with every map reset to the fixture configuration of
+  tests/bpf/lb_fixtures.py, plus helpers to run packets and read counters
+  (tests/bpf/lb_harness.py).
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from lb_harness import LabNetns, Lb, configure_lab, serial, setns
+
+from xdplb import paths
+from xdplb.datapath import BpfObject
+
+
+@pytest.fixture(scope="module")
+def lb_netns() -> Iterator[LabNetns]:
+    if os.geteuid() != 0:
+        pytest.skip("needs root (netns, bpf syscalls)")
+    name = f"xdplbt-{os.getpid()}-{next(serial)}"
+    subprocess.run(["ip", "netns", "add", name], check=True, capture_output=True)
+    try:
+        home = os.open("/proc/self/ns/net", os.O_RDONLY)
+        try:
+            target = os.open(f"/run/netns/{name}", os.O_RDONLY)
+            try:
+                setns(target)
+            finally:
+                os.close(target)
+            try:
+                yield configure_lab(name)
+            finally:
+                setns(home)
+        finally:
+            os.close(home)
+    finally:
+        subprocess.run(["ip", "netns", "del", name], check=False, capture_output=True)
+
+
+@pytest.fixture(scope="module")
+def lb_obj() -> Iterator[BpfObject]:
+    if os.geteuid() != 0:
+        pytest.skip("needs root (bpf syscalls)")
+    pin_root = Path(f"/sys/fs/bpf/xdplbt-{os.getpid()}-{next(serial)}")
+    try:
+        obj = BpfObject.load(paths.bpf_object("lb_xdp"), pin_root=pin_root)
+        try:
+            yield obj
+        finally:
+            obj.close()
+    finally:
+        shutil.rmtree(pin_root, ignore_errors=True)
+
+
+@pytest.fixture(scope="module")
+def lb_module(lb_obj: BpfObject, lb_netns: LabNetns) -> Lb:
+    return Lb(lb_obj, lb_netns)
+
+
+@pytest.fixture
+def lb(lb_module: Lb) -> Lb:
+    lb_module.reset()
+    return lb_module

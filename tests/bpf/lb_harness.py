@@ -1,0 +1,223 @@
+"""The harness of the lb_xdp tests: the lab namespace, map configuration, counters.
+
+conftest.py turns these into fixtures; test modules import the types from here.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import dataclasses
+import itertools
+import os
+import socket
+import struct
+from collections.abc import Iterable
+from pathlib import Path
+
+import lb_fixtures as fx
+import numpy as np
+
+from xdplb import abi
+from xdplb.datapath import BPF_F_INNER_MAP, BpfObject, Map, MapType, TestRunResult
+
+CLONE_NEWNET = 0x40000000
+_libc = ctypes.CDLL(None, use_errno=True)
+serial = itertools.count()
+
+
+def setns(fd: int) -> None:
+    if _libc.setns(fd, CLONE_NEWNET) != 0:
+        err = ctypes.get_errno()
+        raise OSError(err, f"setns: {os.strerror(err)}")
+
+
+def _u32(n: int) -> bytes:
+    return struct.pack("<I", n)
+
+
+@dataclasses.dataclass(frozen=True)
+class LabNetns:
+    name: str
+    lb_ifindex: int
+    lb_mac: str
+
+
+def configure_lab(name: str) -> LabNetns:
+    """Runs inside the namespace: every socket and /proc/sys file below is its own."""
+    from pyroute2 import IPRoute
+    from pyroute2.netlink.rtnl.ifaddrmsg import IFA_F_NODAD
+    from pyroute2.netlink.rtnl.ndmsg import states
+
+    for path in ("/proc/sys/net/ipv4/ip_forward", "/proc/sys/net/ipv6/conf/all/forwarding"):
+        Path(path).write_text("1\n")
+    with IPRoute() as ipr:
+        ipr.link("add", ifname="lb0", kind="veth", peer="lb0p")
+        (lb0,) = ipr.link_lookup(ifname="lb0")
+        (lb0p,) = ipr.link_lookup(ifname="lb0p")
+        for idx in (lb0p, lb0):
+            ipr.link("set", index=idx, state="up")
+        ipr.addr("add", index=lb0, address=str(fx.LB_SRC4), prefixlen=24)
+        ipr.addr("add", index=lb0, address=str(fx.LB_SRC6), prefixlen=64, flags=IFA_F_NODAD)
+        for be in fx.BACKENDS.values():
+            if be.mac is not None:
+                ipr.neigh(
+                    "add",
+                    dst=str(be.addr),
+                    lladdr=be.mac,
+                    ifindex=lb0,
+                    state=states["permanent"],
+                )
+        (link,) = ipr.get_links(lb0)
+        mac = link.get_attr("IFLA_ADDRESS")
+    return LabNetns(name, lb0, mac)
+
+
+def _sum_u64(m: Map, idx: int) -> int:
+    return sum(struct.unpack("<Q", v)[0] for v in m.lookup_percpu(_u32(idx)))
+
+
+def _sum_stats(m: Map, idx: int) -> tuple[int, int, int]:
+    rows = [struct.unpack("<QQQ", v) for v in m.lookup_percpu(_u32(idx))]
+    return (sum(r[0] for r in rows), sum(r[1] for r in rows), sum(r[2] for r in rows))
+
+
+@dataclasses.dataclass(frozen=True)
+class Counters:
+    """Every counter the fixture configuration can move, summed over CPUs."""
+
+    events: dict[int, int]
+    drops: dict[int, int]
+    vip_stats: dict[int, tuple[int, int, int]]
+    be_stats: dict[int, tuple[int, int, int]]
+
+    def __sub__(self, before: Counters) -> Counters:
+        def d1(a: dict[int, int], b: dict[int, int]) -> dict[int, int]:
+            return {k: a[k] - b[k] for k in a if a[k] != b[k]}
+
+        def d3(
+            a: dict[int, tuple[int, int, int]], b: dict[int, tuple[int, int, int]]
+        ) -> dict[int, tuple[int, int, int]]:
+            out = {}
+            for k in a:
+                diff = tuple(x - y for x, y in zip(a[k], b[k], strict=True))
+                if any(diff):
+                    out[k] = (diff[0], diff[1], diff[2])
+            return out
+
+        return Counters(
+            d1(self.events, before.events),
+            d1(self.drops, before.drops),
+            d3(self.vip_stats, before.vip_stats),
+            d3(self.be_stats, before.be_stats),
+        )
+
+    def named(self) -> dict[str, object]:
+        """For assertion messages: enum names instead of indices."""
+        return {
+            "events": {abi.Event(k).name: v for k, v in self.events.items()},
+            "drops": {abi.DropReason(k).name: v for k, v in self.drops.items()},
+            "vip_stats": self.vip_stats,
+            "be_stats": self.be_stats,
+        }
+
+
+class Lb:
+    """lb_xdp loaded, configured with the fixture lab, run inside the lab namespace."""
+
+    def __init__(self, obj: BpfObject, ns: LabNetns) -> None:
+        self.obj = obj
+        self.ns = ns
+        self.env = fx.Env(lb_mac=ns.lb_mac)
+        self.prog = obj.program("lb_xdp")
+        #: vip id -> (first hops, second hops) of the table installed now.
+        self._tables: dict[int, tuple[tuple[int, ...], tuple[int, ...]]] = {}
+
+    # -- configuration -------------------------------------------------------------------
+
+    def reset(self) -> None:
+        """Empty every map, then install the fixture configuration."""
+        for name in ("lb_vips", "lb_vip_addrs", "lb_conns"):
+            m = self.obj.map(name)
+            for key in list(m.keys()):
+                m.delete(key)
+        # Every lb_tables write waits for an RCU grace period (map-in-map): rewrite only
+        # the tables a test changed.
+        wanted = {v.id: (v.backends, v.second) for v in fx.VIPS.values() if v.backends}
+        for vip_id in [i for i in self._tables if i not in wanted]:
+            self.obj.map("lb_tables").delete(_u32(vip_id))
+            del self._tables[vip_id]
+        self.set_config()
+        for be in fx.BACKENDS.values():
+            self.set_backend(be.id, active=be.active)
+        addrs: dict[fx.IPAddress, int] = {}
+        for vip in fx.VIPS.values():
+            self.put_vip(vip)
+            addrs[vip.addr] = addrs.get(vip.addr, 0) + 1
+        for addr, n in addrs.items():
+            self.obj.map("lb_vip_addrs").update(abi.Addr.make(addr).pack(), _u32(n))
+
+    def set_config(self, *, src4: bool = True, src6: bool = True, seed: int = fx.SEED) -> None:
+        cfg = abi.Config(
+            src4=int.from_bytes(fx.LB_SRC4.packed, "little") if src4 else 0,
+            gue_port=socket.htons(fx.GUE_PORT),
+            hash_seed=seed,
+        )
+        if src6:
+            cfg.src6[:] = abi.addr_words(fx.LB_SRC6)
+        self.obj.map("lb_config").update(_u32(0), cfg.pack())
+
+    def set_backend(self, be_id: int, *, active: bool = True) -> None:
+        be = fx.BACKENDS[be_id]
+        flags = abi.BACKEND_F_ACTIVE if active else 0
+        self.obj.map("lb_backends").update(_u32(be_id), abi.Backend.make(be.addr, flags).pack())
+
+    def put_vip(self, vip: fx.VipDef) -> None:
+        info = abi.VipInfo(
+            vip.id, vip.flags, fx.TABLE_SIZE if vip.backends else 0, vip.encap, vip.table_kind
+        )
+        key = abi.VipKey.make(vip.addr, vip.port, vip.proto)
+        self.obj.map("lb_vips").update(key.pack(), info.pack())
+        if vip.backends is not None and self._tables.get(vip.id) != (vip.backends, vip.second):
+            self.set_table(vip.id, vip.backends, vip.second)
+
+    def set_table(self, vip_id: int, first: Iterable[int], second: Iterable[int] = ()) -> None:
+        """A fresh inner table (bucket i -> first[i % n], second[i % m]), swapped in."""
+        first, second = tuple(first), tuple(second)
+        self._tables[vip_id] = (first, second)
+        buckets = np.zeros((fx.TABLE_SIZE, abi.MAX_HOPS), dtype=np.uint32)
+        buckets[:, 0] = [first[i % len(first)] for i in range(fx.TABLE_SIZE)]
+        if second:
+            buckets[:, 1] = [second[i % len(second)] for i in range(fx.TABLE_SIZE)]
+        with Map.create(
+            MapType.ARRAY,
+            4,
+            ctypes.sizeof(abi.Bucket),
+            fx.TABLE_SIZE,
+            name=f"lbt_tbl_{vip_id}",
+            flags=BPF_F_INNER_MAP,
+        ) as inner:
+            inner.update_array(buckets)
+            self.obj.map("lb_tables").update(_u32(vip_id), _u32(inner.fd))
+
+    # -- running and reading -------------------------------------------------------------
+
+    def run(self, frame: bytes) -> TestRunResult:
+        return self.prog.test_run(frame, ingress_ifindex=self.ns.lb_ifindex)
+
+    def counters(self) -> Counters:
+        ev, dr = self.obj.map("lb_events"), self.obj.map("lb_drops")
+        vs, bs = self.obj.map("lb_vip_stats"), self.obj.map("lb_be_stats")
+        return Counters(
+            {e: _sum_u64(ev, e) for e in abi.Event},
+            {d: _sum_u64(dr, d) for d in abi.DropReason},
+            {v: _sum_stats(vs, v) for v in fx.VIP_BY_ID},
+            {b: _sum_stats(bs, b) for b in fx.BACKENDS},
+        )
+
+    def conn(self, frame: bytes) -> abi.Conn | None:
+        """The connection-table entry of a frame's flow, if any."""
+        src, dst, sport, dport, proto, _ = fx.flow_of(frame)
+        raw = self.obj.map("lb_conns").lookup(abi.FlowKey.make(src, dst, sport, dport, proto))
+        if raw is None:
+            return None
+        return abi.Conn.from_buffer_copy(raw)

@@ -1,0 +1,132 @@
+"""The benchmark measures what it says: bench_wrap restores the packet every iteration.
+
+BPF_PROG_TEST_RUN with repeat reuses one buffer, so without the wrapper lb_xdp would see
+its own encapsulated output from the second iteration on, and the benchmark would time
+the wrong path without any error. These tests run the harness of bench/bench.py (quick
+sizes) and check that every iteration took the intended path and produced the output of
+a single plain run.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from xdplb import abi, paths
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT / "bench"))
+
+import bench_harness as bh  # noqa: E402
+
+pytestmark = [
+    pytest.mark.bpf,
+    pytest.mark.skipif(os.geteuid() != 0, reason="needs root (bpf syscalls, netns)"),
+]
+
+N = 5000
+
+
+@pytest.fixture(scope="module")
+def harness() -> Iterator[bh.Harness]:
+    for obj in ("lb_xdp", "bench_wrap", "bench_ref"):
+        if not (paths.build_dir() / f"{obj}.bpf.o").exists():
+            pytest.skip(f"build/{obj}.bpf.o is missing: run `make build`")
+    instance = f"benchtest-{os.getpid()}"
+    with bh.Harness(instance) as h:
+        yield h
+    # Everything is gone afterwards: the namespace and every pin.
+    assert not (paths.pin_root(instance)).exists()
+    netns = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
+    assert instance not in netns.split()
+
+
+def test_reference_through_wrapper(harness: bh.Harness) -> None:
+    assert harness.check_single("reference") == []
+    run = harness.measure("reference", N)
+    assert run.valid, run.problems
+    assert run.retval == bh.XDP_TX
+    # One MAC swap of the original packet, not N of them.
+    pkt = harness.cases["reference"].packet
+    assert run.output == pkt[6:12] + pkt[0:6] + pkt[12:]
+    assert run.ns_per_packet > 0
+
+
+def test_new_flow_every_iteration_sees_the_original_packet(harness: bh.Harness) -> None:
+    assert harness.check_single("ipv4_new_flow") == []
+    before = harness._lb_counters()
+    run = harness.measure("ipv4_new_flow", N)
+    after = harness._lb_counters()
+    assert run.valid, run.problems
+    # Every iteration was a new flow that was encapsulated and sent back out ...
+    assert run.counter_deltas == {"CONN_MISS": N, "TX": N}
+    # ... measure() ran one more plain run after its window (a hit on the last flow).
+    assert after["CONN_MISS"] - before["CONN_MISS"] == N
+    assert after["CONN_HIT"] - before["CONN_HIT"] == 1
+    # The last iteration's output is exactly one GUE encapsulation of its packet.
+    assert run.output == run.expected_output
+    ctr = harness._ctr - 1
+    last = bh.varied(harness.cases["ipv4_new_flow"].packet, ctr)
+    assert bh.check_gue(last, run.output, bh.LB_MAC) == []
+
+
+def test_known_flow_through_wrapper(harness: bh.Harness) -> None:
+    run = harness.measure("ipv6_known_flow", N)
+    assert run.valid, run.problems
+    assert run.counter_deltas == {"CONN_HIT": N, "TX": N}
+    _, single = harness.single_run(harness.cases["ipv6_known_flow"])
+    assert run.output == single
+    assert bh.check_gue(harness.cases["ipv6_known_flow"].packet, run.output, bh.LB_MAC) == []
+
+
+def test_without_the_wrapper_the_checks_would_fail(harness: bh.Harness) -> None:
+    """The pitfall the wrapper exists for: lb_xdp run directly with repeat sees its own
+    output from the second iteration on (a GUE packet for a backend: not a VIP), so it
+    times one hit and N - 1 passes. The output alone would not tell (it is the same
+    frame); the counters and the verdict do."""
+    case = harness.cases["ipv4_known_flow"]
+    harness.single_run(case)  # the flow is known
+    before = harness._lb_counters()
+    res = harness.progs["lb"].test_run(case.packet, repeat=N, ingress_ifindex=harness.ifindex)
+    after = harness._lb_counters()
+    moved = {k: after[k] - before[k] for k in after if after[k] != before[k]}
+    assert moved == {"CONN_HIT": 1, "TX": 1, abi.Event.PASS_NOT_VIP.name: N - 1}
+    assert res.retval == bh.XDP_PASS
+
+
+def test_bench_quick_writes_valid_results(tmp_path: Path) -> None:
+    """`bench.py --quick` end to end: every case valid, the JSON has the contract's keys."""
+    out = tmp_path / "results.json"
+    with subprocess.Popen(
+        [sys.executable, str(ROOT / "bench" / "bench.py"), "--quick", "--out", str(out)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    ) as proc:
+        output, _ = proc.communicate(timeout=60)
+    assert proc.returncode in (0, 1), output  # 2: a case did not take its path
+    res = json.loads(out.read_text())
+    assert res["valid"], res["problems"]
+    lb_cases = {f"ipv{v}_{p}" for v in (4, 6) for p in ("non_vip", "known_flow", "new_flow")}
+    assert {"reference", *lb_cases} <= res["datapath"].keys()
+    assert {"reference", *lb_cases} <= res["datapath_ratio"].keys()
+    assert set(res["targets"]) == lb_cases
+    assert {
+        "build_push_10_backends",
+        "build_push_100_backends",
+        "build_push_1000_backends",
+        "maglev_build_1000_backends",
+        "push_only_65537",
+    } <= res["control"].keys()
+    assert {"kernel", "cpus", "iterations", "rounds", "date"} <= res["meta"].keys()
+    # Nothing left behind by the bench process: its namespace and pins are gone.
+    netns = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
+    assert f"bench-{proc.pid}" not in netns.split()
+    assert not paths.pin_root(f"bench-{proc.pid}").exists()
+    assert not paths.pin_root(f"bench-{proc.pid}-cp").exists()

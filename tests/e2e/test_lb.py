@@ -1,0 +1,271 @@
+"""The whole path in the lab: client -> lb_xdp (the real daemon) -> GUE/IPIP -> host_tc ->
+a real server on the backend -> straight back to the client.
+
+Every exchange verifies its bytes and learns which backend answered. Source ports are
+fixed, so each flow's backend is known in advance from the reference model fed with
+what the daemon's maps hold, and each connection must land exactly there.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import json
+import os
+import subprocess
+import sys
+import threading
+import time
+from collections import Counter
+from collections.abc import Iterator, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from xdplb import abi, model
+from xdplb.lab import Lab
+from xdplb.lab.lbnode import LbNode
+from xdplb.lab.traffic import EchoStream, ExchangeError, http_post, udp_exchange
+
+pytestmark = pytest.mark.e2e
+
+VIP4 = "198.18.100.1"
+VIP4_WEIGHTED = "198.18.100.2"
+VIP6 = "fd78:6470:6c62:100::1"
+TCP, UDP = abi.IPPROTO_TCP, abi.IPPROTO_UDP
+
+
+def vips(lab: Lab, backends: Sequence[str] | None = None) -> list[dict[str, Any]]:
+    """The lab's VIPs; ``backends`` limits every VIP to those backend names."""
+    names = list(backends or lab.backends)
+    v4 = [{"address": str(lab.addr(b, 4))} for b in names]
+    v6 = [{"address": str(lab.addr(b, 6))} for b in names]
+    weights = {"b1": 2, "b2": 1, "b3": 1}
+    weighted = [{"address": str(lab.addr(b, 4)), "weight": weights[b]} for b in names]
+    return [
+        {"address": VIP4, "port": 80, "backends": v4},
+        {"address": VIP4, "port": 7, "backends": v4},
+        {"address": VIP4, "port": 0, "protocol": "udp", "backends": v4},
+        {"address": VIP4_WEIGHTED, "port": 80, "encap": "ipip", "backends": weighted},
+        {"address": VIP6, "port": 80, "backends": v6},
+        {"address": VIP6, "port": 53, "protocol": "udp", "hash": "source", "backends": v6},
+    ]
+
+
+@pytest.fixture(scope="module")
+def lb(lab: Lab, tmp_path_factory: pytest.TempPathFactory) -> Iterator[LbNode]:
+    lab.add_vip_to_backends(VIP4_WEIGHTED)
+    for name in lab.backends:
+        app = lab.popen(
+            name,
+            [sys.executable, "-m", "xdplb.lab.apps", "--name", name, "--udp", "53", "4000"],
+            stdout=subprocess.PIPE,
+            text=True,
+        )
+        assert app.stdout is not None and app.stdout.readline().strip() == "ready"
+    node = LbNode(lab, tmp_path_factory.mktemp("lb"), vips(lab))
+    node.start()
+    yield node
+    node.destroy()
+
+
+def state_of(node: LbNode) -> model.DataplaneState:
+    """What the daemon's maps hold, as the model's input."""
+    maps = node.maps()
+    try:
+        return model.state_from_snapshot(maps.snapshot())
+    finally:
+        maps.close()
+
+
+def names_by_id(lab: Lab, state: model.DataplaneState) -> dict[int, str]:
+    by_addr = {lab.addr(n, f): n for n in lab.backends for f in (4, 6)}
+    return {bid: by_addr[b.addr] for bid, b in state.backends.items()}
+
+
+def predict(lab: Lab, node: LbNode, vip: str, dport: int, proto: int, ports: range) -> list[str]:
+    """The backend name the model predicts for each client source port."""
+    client = lab.addr("client", ipaddress.ip_address(vip).version)
+    dst = ipaddress.ip_address(vip)
+    flows = [model.Flow(client, dst, p, dport, proto) for p in ports]
+    state = state_of(node)
+    ids = model.predict_many(state, flows).backend
+    names = names_by_id(lab, state)
+    return [names.get(int(i), f"none({int(i)})") for i in ids]
+
+
+def run_http(lab: Lab, vip: str, ports: range, workers: int = 16) -> list[str]:
+    client = lab.ns("client")
+
+    def one(port: int) -> str:
+        return http_post(client, vip, 80, os.urandom(64) + port.to_bytes(2, "big"), src_port=port)
+
+    with ThreadPoolExecutor(workers) as pool:
+        return list(pool.map(one, ports))
+
+
+def assert_shares(got: Counter[str], weights: dict[str, int], tolerance: float) -> None:
+    total, wsum = sum(got.values()), sum(weights.values())
+    for name, w in weights.items():
+        expected = total * w / wsum
+        assert abs(got[name] - expected) <= tolerance * expected, (
+            f"{name}: {got[name]} connections, expected {expected:.0f} ± {tolerance:.0%} "
+            f"(all: {dict(got)})"
+        )
+
+
+def test_tcp_connections_follow_the_model_and_the_weights(lab: Lab, lb: LbNode) -> None:
+    for vip, ports, weights in [
+        (VIP4, range(10000, 10900), {"b1": 1, "b2": 1, "b3": 1}),
+        (VIP4_WEIGHTED, range(11000, 12200), {"b1": 2, "b2": 1, "b3": 1}),
+    ]:
+        expected = predict(lab, lb, vip, 80, TCP, ports)
+        got = run_http(lab, vip, ports)
+        wrong = [(p, e, g) for p, e, g in zip(ports, expected, got, strict=True) if e != g]
+        assert not wrong, f"{len(wrong)} connections landed elsewhere than predicted: {wrong[:5]}"
+        assert_shares(Counter(got), weights, 0.15)
+
+
+def test_udp_and_ipv6(lab: Lab, lb: LbNode) -> None:
+    client = lab.ns("client")
+    ports = range(12500, 12700)
+    # UDP to the port-0 wildcard VIP, on several destination ports.
+    for dport in (53, 4000):
+        expected = predict(lab, lb, VIP4, dport, UDP, ports)
+        got = [udp_exchange(client, VIP4, dport, os.urandom(32), src_port=p) for p in ports]
+        assert got == expected
+    assert set(got) == set(lab.backends)
+    # TCP over IPv6 (GUE in IPv6).
+    expected = predict(lab, lb, VIP6, 80, TCP, ports)
+    assert run_http(lab, VIP6, ports) == expected
+    assert set(expected) == set(lab.backends)
+    # UDP over IPv6 with source-only hashing: one client, one backend, whatever the port.
+    got6 = {udp_exchange(client, VIP6, 53, b"q", src_port=p) for p in ports[:20]}
+    assert len(got6) == 1
+
+
+def test_removing_a_backend_moves_only_what_maglev_predicts(lab: Lab, lb: LbNode) -> None:
+    # Long-lived connections that must survive on the backends that stay.
+    streams = [EchoStream.open(lab.ns("client"), VIP4, 7, src_port=p) for p in range(13000, 13030)]
+    for s in streams:
+        s.exchange()
+    ports = range(13100, 13700)
+    before = predict(lab, lb, VIP4, 80, TCP, ports)
+    lb.reload(vips(lab, ["b1", "b2"]))
+    try:
+        after = predict(lab, lb, VIP4, 80, TCP, ports)
+        got = run_http(lab, VIP4, ports)
+        assert got == after, "new connections must land where the model says"
+        assert "b3" not in got
+        moved = sum(1 for b, a in zip(before, after, strict=True) if b != "b3" and b != a)
+        # Maglev's promise: flows of the backends that stay barely move.
+        assert moved <= 0.04 * len(ports), f"{moved} flows left a surviving backend"
+        for s in streams:
+            if s.backend != "b3":
+                s.exchange()  # established connections on b1/b2 carry on
+    finally:
+        for s in streams:
+            s.close()
+        lb.reload(vips(lab))
+
+
+def test_restarting_the_daemon_breaks_no_connection(lab: Lab, lb: LbNode) -> None:
+    streams = [EchoStream.open(lab.ns("client"), VIP4, 7, src_port=p) for p in range(14000, 14040)]
+    assert {s.backend for s in streams} == set(lab.backends)
+    stop = threading.Event()
+    errors: list[str] = []
+
+    def pump(s: EchoStream) -> None:
+        try:
+            while not stop.is_set():
+                s.exchange(2048)
+        except ExchangeError as e:
+            errors.append(str(e))
+
+    threads = [threading.Thread(target=pump, args=(s,)) for s in streams]
+    for t in threads:
+        t.start()
+    try:
+        time.sleep(0.5)
+        hits_before = _event(lb, abi.Event.CONN_HIT)
+        lb.stop_daemon()
+        # No daemon: lb_xdp stays attached, established and new connections work.
+        assert (Path("/sys/fs/bpf/xdplb") / lb.instance / "links" / "xdp_eth0").exists()
+        assert run_http(lab, VIP4, range(14100, 14130)) == predict(
+            lab, lb, VIP4, 80, TCP, range(14100, 14130)
+        )
+        time.sleep(0.3)
+        lb.start()
+        time.sleep(0.5)
+        # The restarted daemon kept the maps: counters and connections did not reset.
+        assert _event(lb, abi.Event.CONN_HIT) > hits_before
+    finally:
+        stop.set()
+        for t in threads:
+            t.join(10)
+    assert not errors, errors
+    sent = [s.sent for s in streams]
+    assert min(sent) > 0
+    for s in streams:
+        s.exchange()
+        s.close()
+
+
+def test_a_bad_reload_changes_nothing(lab: Lab, lb: LbNode) -> None:
+    before = state_of(lb)
+    good = lb.config_path.read_text()
+    bad = good.replace("weight: 2", "weight: 70000")
+    assert bad != good
+    lb.config_path.write_text(bad)
+    assert lb.proc is not None
+    lb.proc.send_signal(1)  # SIGHUP
+    deadline = time.monotonic() + 5
+    while "vips[3].backends[0].weight" not in lb.log_tail():
+        assert time.monotonic() < deadline, lb.log_tail()
+        time.sleep(0.05)
+    assert state_of(lb).backends == before.backends
+    assert run_http(lab, VIP4, range(15000, 15030)) == predict(
+        lab, lb, VIP4, 80, TCP, range(15000, 15030)
+    )
+    lb.config_path.write_text(good)
+
+
+def test_status_and_stop(lab: Lab, lb: LbNode) -> None:
+    cli = [sys.executable, "-m", "xdplb.cli"]
+    out = subprocess.run(
+        [*cli, "status", "-i", lb.instance, "--json"], check=True, capture_output=True, text=True
+    ).stdout
+    status = json.loads(out)
+    assert status["attached"] == ["eth0"]
+    assert {v["address"] for v in status["vips"]} == {VIP4, VIP4_WEIGHTED, VIP6}
+    assert all(v["packets"] > 0 for v in status["vips"] if v["port"] == 80)
+    assert status["events"]["tx"] > 0 and status["connections"] > 0
+    shares = next(v["table_share"] for v in status["vips"] if v["address"] == VIP4_WEIGHTED)
+    assert sorted(round(s, 2) for s in shares.values()) == [0.25, 0.25, 0.5]
+    table = subprocess.run(
+        [*cli, "status", "-i", lb.instance], check=True, capture_output=True, text=True
+    ).stdout
+    assert "198.18.100.2:80/tcp" in table and "Backends" in table
+
+    stopped = subprocess.run([*cli, "stop", "-i", lb.instance], capture_output=True, text=True)
+    assert stopped.returncode == 0, stopped.stderr
+    lb.proc = None
+    assert not (Path("/sys/fs/bpf/xdplb") / lb.instance).exists()
+    link = subprocess.run(
+        ["ip", "-n", lab.ns("lb"), "-j", "link", "show", "dev", "eth0"],
+        check=True,
+        capture_output=True,
+        text=True,
+    ).stdout
+    assert "xdp" not in json.loads(link)[0]
+    again = subprocess.run([*cli, "status", "-i", lb.instance], capture_output=True, text=True)
+    assert again.returncode == 3
+
+
+def _event(node: LbNode, event: abi.Event) -> int:
+    maps = node.maps()
+    try:
+        return maps.counters().events[event]
+    finally:
+        maps.close()

@@ -1,0 +1,658 @@
+"""The reference model on handcrafted packets, one group of cases per step of docs/datapath.md.
+
+These pin the model to the contract without a kernel; tests/bpf/test_differential.py
+and tests/bpf/test_malformed.py then pin the real program to the model.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import struct
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from xdplb import abi, hashing
+from xdplb import model as m
+
+pytestmark = pytest.mark.unit
+
+V4 = ipaddress.IPv4Address
+V6 = ipaddress.IPv6Address
+
+VIP4 = V4("198.18.1.1")
+VIP4_NOTABLE = V4("198.18.1.2")
+VIP4_BEAMER = V4("198.18.1.3")
+VIP6 = V6("fd78:6470:6c62:1::1")
+CLIENT4 = V4("198.19.0.7")
+CLIENT6 = V6("fd78:6470:6c62:2::7")
+OTHER4 = V4("198.18.9.9")
+SRC4 = V4("198.18.0.2")
+SRC6 = V6("fd78:6470:6c62::2")
+TCP, UDP = abi.IPPROTO_TCP, abi.IPPROTO_UDP
+SIZE = 13  # a small prime: every bucket can be reasoned about
+
+BACKENDS = {
+    1: m.BackendState(V4("198.18.0.11")),
+    2: m.BackendState(V4("198.18.0.12")),
+    3: m.BackendState(V4("198.18.0.13")),
+    4: m.BackendState(V6("fd78:6470:6c62::11")),
+    5: m.BackendState(V4("198.18.0.14"), active=False),
+}
+
+VIPS = {
+    m.Vip(VIP4, 80, TCP): m.VipParams(1, table_size=SIZE),
+    m.Vip(VIP4, 0, UDP): m.VipParams(2, table_size=SIZE),
+    m.Vip(VIP4, 53, UDP): m.VipParams(3, table_size=SIZE, encap=abi.Encap.IPIP),
+    m.Vip(VIP6, 443, TCP): m.VipParams(4, flags=abi.VIP_F_SRC_HASH, table_size=SIZE),
+    m.Vip(VIP4_NOTABLE, 80, TCP): m.VipParams(5, table_size=SIZE),
+    m.Vip(VIP4_BEAMER, 80, TCP): m.VipParams(6, table_size=SIZE, table_kind=abi.TableKind.BEAMER),
+}
+
+
+def cycle(ids: list[int], size: int = SIZE) -> np.ndarray:
+    return np.array([ids[i % len(ids)] for i in range(size)], dtype=np.uint32)
+
+
+TABLES = {
+    1: m.LookupTable(cycle([1, 2, 3])),
+    2: m.LookupTable(cycle([2, 3])),
+    3: m.LookupTable(cycle([3])),
+    4: m.LookupTable(cycle([4])),
+    6: m.LookupTable(cycle([1]), cycle([2, 0])),
+}
+CONFIG = m.LbConfig(SRC4, SRC6, gue_port=abi.GUE_PORT, seed=0x5EED)
+
+
+def state(**changes: object) -> m.DataplaneState:
+    kw: dict[str, object] = {
+        "vips": VIPS,
+        "backends": BACKENDS,
+        "tables": TABLES,
+        "config": CONFIG,
+    }
+    kw.update(changes)
+    return m.DataplaneState(**kw)  # type: ignore[arg-type]
+
+
+S = state()
+
+
+def flow(
+    dst: abi.IPAddress = VIP4, dport: int = 80, proto: int = TCP, sport: int = 40000
+) -> m.Flow:
+    src = CLIENT4 if dst.version == 4 else CLIENT6
+    return m.Flow(src, dst, sport, dport, proto)
+
+
+def expected_hash(f: m.Flow, src_only: bool = False) -> int:
+    return hashing.flow_hash(f.hash_key(src_only), CONFIG.seed)
+
+
+def table_choice(f: m.Flow, ids: list[int], src_only: bool = False) -> int:
+    return ids[(expected_hash(f, src_only) % SIZE) % len(ids)]
+
+
+# --- 1. Ethernet -----------------------------------------------------------------
+
+
+def test_not_ip_passes() -> None:
+    arp = m.MAC_DST + m.MAC_SRC + b"\x08\x06" + bytes(28)
+    d = m.decide(S, arp)
+    assert (d.outcome, d.events) == (m.Outcome.PASS, (abi.Event.PASS_NOT_IP,))
+
+
+def test_runt_frame_is_not_ip() -> None:
+    assert m.decide(S, b"\x02" * 13).events == (abi.Event.PASS_NOT_IP,)
+
+
+@pytest.mark.parametrize("tpid", [m.ETH_P_8021Q, m.ETH_P_8021AD])
+def test_one_vlan_tag_is_skipped_and_not_forwarded(tpid: int) -> None:
+    f = flow()
+    plain = m.decide(S, m.frame(f))
+    ip = m.frame(f)[14:]
+    tagged = m.decide(S, m.ethernet(ip, 4, vlan=7, tpid=tpid))
+    assert tagged.outcome is m.Outcome.FORWARD
+    assert tagged.packet == plain.packet  # the tag is gone: outer IP onward is identical
+
+
+def test_two_tags_are_not_ip() -> None:
+    ip = m.frame(flow())[14:]
+    inner = m.ETH_P_8021Q.to_bytes(2, "big") + b"\x00\x07" + b"\x08\x00" + ip
+    qinq = m.MAC_DST + m.MAC_SRC + m.ETH_P_8021AD.to_bytes(2, "big") + b"\x00\x05" + inner
+    assert m.decide(S, qinq).events == (abi.Event.PASS_NOT_IP,)
+
+
+def test_truncated_vlan_tag_is_not_ip() -> None:
+    assert m.decide(S, m.MAC_DST + m.MAC_SRC + b"\x81\x00\x00").events == (abi.Event.PASS_NOT_IP,)
+
+
+# --- 2. IP header -----------------------------------------------------------------
+
+
+def v4_frame_with(
+    f: m.Flow, *, vihl: int | None = None, tot_len: int | None = None, trail: bytes = b""
+) -> bytes:
+    fr = bytearray(m.frame(f))
+    if vihl is not None:
+        fr[14] = vihl
+    if tot_len is not None:
+        fr[16:18] = tot_len.to_bytes(2, "big")
+    return bytes(fr) + trail
+
+
+@pytest.mark.parametrize(
+    ("desc", "frame"),
+    [
+        ("version 6 in an IPv4 frame", v4_frame_with(flow(), vihl=0x65)),
+        ("version 0", v4_frame_with(flow(), vihl=0x05)),
+        ("IHL 4", v4_frame_with(flow(), vihl=0x44)),
+        ("IHL 0", v4_frame_with(flow(), vihl=0x40)),
+        ("options beyond the frame", v4_frame_with(flow(), vihl=0x4F)),
+        ("tot_len < IHL*4", v4_frame_with(flow(), tot_len=19)),
+        ("tot_len beyond the frame", v4_frame_with(flow(), tot_len=41)),
+        ("header cut short", m.frame(flow())[: 14 + 19]),
+        ("IPv6 header cut short", m.frame(flow(VIP6, 443))[: 14 + 39]),
+        ("IPv6 payload_len beyond the frame", m.frame(flow(VIP6, 443))[:-1]),
+        (
+            "version 4 in an IPv6 frame",
+            m.frame(flow(VIP6, 443))[:14] + b"\x46" + m.frame(flow(VIP6, 443))[15:],
+        ),
+    ],
+)
+def test_malformed_ip_passes(desc: str, frame: bytes) -> None:
+    d = m.decide(S, frame)
+    assert (d.outcome, d.events) == (m.Outcome.PASS, (abi.Event.PASS_MALFORMED,)), desc
+
+
+def test_ethernet_padding_stays_in_frame_but_not_in_lengths() -> None:
+    f = flow()
+    pad = b"\xee" * 6
+    d = m.decide(S, m.frame(f) + pad)
+    base = m.decide(S, m.frame(f))
+    assert d.outcome is m.Outcome.FORWARD
+    assert d.stats_bytes == base.stats_bytes == 40
+    assert d.packet is not None and base.packet is not None
+    assert d.packet == base.packet + pad
+    assert d.packet[2:4] == base.packet[2:4]  # outer tot_len ignores the padding
+
+
+def test_ipv4_options_are_carried() -> None:
+    f = flow()
+    tcp = m.l4_header(TCP, f.sport, f.dport)
+    ip = m.ip_packet(f.src, f.dst, TCP, tcp, options=b"\x01\x01\x01\x00")
+    d = m.decide(S, m.ethernet(ip, 4))
+    assert d.outcome is m.Outcome.FORWARD and d.backend_id == table_choice(f, [1, 2, 3])
+    assert d.packet is not None and d.packet.endswith(ip)
+    assert d.stats_bytes == 44
+
+
+# --- 3. Protocol -------------------------------------------------------------------
+
+
+def test_icmp_to_a_vip_passes_as_not_vip() -> None:
+    ip = m.ip_packet(CLIENT4, VIP4, 1, b"\x08\x00" + bytes(6))
+    assert m.decide(S, m.ethernet(ip, 4)).events == (abi.Event.PASS_NOT_VIP,)
+
+
+def test_ipv6_extension_header_is_not_walked() -> None:
+    tcp = m.l4_header(TCP, 40000, 443)
+    hbh = bytes([TCP, 0]) + bytes(6)  # hop-by-hop, next header TCP
+    ip = m.ip_packet(CLIENT6, VIP6, 0, hbh + tcp)
+    assert m.decide(S, m.ethernet(ip, 6)).events == (abi.Event.PASS_NOT_VIP,)
+
+
+# --- 4. IPv4 fragments ---------------------------------------------------------------
+
+
+def fragment(dst: abi.IPAddress, frag: int, dport: int = 80) -> bytes:
+    tcp = m.l4_header(TCP, 40000, dport)
+    return m.ethernet(m.ip_packet(CLIENT4, dst, TCP, tcp, frag=frag), 4)
+
+
+@pytest.mark.parametrize("frag", [0x2000, 0x0001, 0x2010, 0x1FFF])
+def test_fragment_of_a_vip_address_drops(frag: int) -> None:
+    d = m.decide(S, fragment(VIP4, frag))
+    assert (d.outcome, d.drop, d.events) == (m.Outcome.DROP, abi.DropReason.FRAGMENT, ())
+    # Any port: the address is a VIP's, the port may not even be in this fragment.
+    assert m.decide(S, fragment(VIP4, frag, dport=9)).drop is abi.DropReason.FRAGMENT
+
+
+def test_fragment_elsewhere_passes() -> None:
+    assert m.decide(S, fragment(OTHER4, 0x2000)).events == (abi.Event.PASS_NOT_VIP,)
+
+
+def test_df_is_not_a_fragment() -> None:
+    assert m.decide(S, fragment(VIP4, 0x4000)).outcome is m.Outcome.FORWARD
+
+
+def test_fragment_uses_lb_vip_addrs_not_lb_vips() -> None:
+    s = state(vip_addrs=frozenset({OTHER4}))
+    assert m.decide(s, fragment(OTHER4, 0x2000)).drop is abi.DropReason.FRAGMENT
+    assert m.decide(s, fragment(VIP4, 0x2000)).events == (abi.Event.PASS_NOT_VIP,)
+
+
+# --- 5. L4 header ----------------------------------------------------------------------
+
+
+def with_l4(dst: abi.IPAddress, proto: int, l4: bytes) -> bytes:
+    src = CLIENT4 if dst.version == 4 else CLIENT6
+    return m.ethernet(m.ip_packet(src, dst, proto, l4), dst.version)
+
+
+@pytest.mark.parametrize(
+    ("desc", "proto", "l4"),
+    [
+        ("TCP 19 bytes", TCP, m.l4_header(TCP, 1, 80)[:19]),
+        ("TCP empty", TCP, b""),
+        ("TCP doff 4", TCP, m.l4_header(TCP, 1, 80)[:12] + b"\x40" + bytes(7)),
+        ("TCP doff 0", TCP, m.l4_header(TCP, 1, 80)[:12] + b"\x00" + bytes(7)),
+        ("TCP doff 6, 20 bytes", TCP, m.l4_header(TCP, 1, 80)[:12] + b"\x60" + bytes(7)),
+        ("UDP 7 bytes", UDP, m.l4_header(UDP, 1, 53)[:7]),
+    ],
+)
+@pytest.mark.parametrize("dst", [VIP4, VIP6])
+def test_truncated_l4_to_a_vip_address_drops(
+    desc: str, proto: int, l4: bytes, dst: abi.IPAddress
+) -> None:
+    d = m.decide(S, with_l4(dst, proto, l4))
+    assert (d.outcome, d.drop) == (m.Outcome.DROP, abi.DropReason.MALFORMED_L4), desc
+    d = m.decide(S, with_l4(OTHER4, proto, l4))
+    assert d.events == (abi.Event.PASS_NOT_VIP,), desc
+
+
+def test_tcp_options_that_fit_are_fine() -> None:
+    tcp = bytearray(m.l4_header(TCP, 40000, 80) + b"\x01\x01\x01\x01")
+    tcp[12] = 6 << 4
+    assert m.decide(S, with_l4(VIP4, TCP, bytes(tcp))).outcome is m.Outcome.FORWARD
+
+
+def test_l4_header_in_padding_is_truncated() -> None:
+    """The L4 header must be inside the IP packet; bytes past tot_len are padding."""
+    fr = bytearray(m.frame(flow()))
+    fr[16:18] = (20 + 10).to_bytes(2, "big")  # IP says 10 bytes of TCP, frame has 20
+    assert m.decide(S, bytes(fr)).drop is abi.DropReason.MALFORMED_L4
+
+
+def test_udp_length_field_is_not_checked() -> None:
+    fr = bytearray(m.frame(flow(dport=5000, proto=UDP)))
+    fr[38:40] = (3).to_bytes(2, "big")
+    assert m.decide(S, bytes(fr)).outcome is m.Outcome.FORWARD
+
+
+# --- 6. VIP lookup ------------------------------------------------------------------------
+
+
+def test_exact_port_beats_wildcard() -> None:
+    assert m.decide(S, m.frame(flow(dport=53, proto=UDP))).vip == m.Vip(VIP4, 53, UDP)
+    assert m.decide(S, m.frame(flow(dport=54, proto=UDP))).vip == m.Vip(VIP4, 0, UDP)
+
+
+def test_wildcard_is_per_protocol() -> None:
+    assert m.decide(S, m.frame(flow(dport=81))).events == (abi.Event.PASS_NOT_VIP,)
+
+
+def test_other_address_passes() -> None:
+    assert m.decide(S, m.frame(flow(OTHER4))).events == (abi.Event.PASS_NOT_VIP,)
+
+
+def test_family_is_part_of_the_key() -> None:
+    """An IPv6 address whose first 4 bytes equal an IPv4 VIP's is not that VIP."""
+    v6 = V6(VIP4.packed + bytes(12))
+    assert m.decide(S, m.frame(flow(v6))).events == (abi.Event.PASS_NOT_VIP,)
+
+
+# --- 7. Flow key ----------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("f", [flow(), flow(VIP6, 443), flow(dport=53, proto=UDP)])
+def test_flow_key_is_the_c_struct(f: m.Flow) -> None:
+    assert f.key() == abi.FlowKey.make(f.src, f.dst, f.sport, f.dport, f.proto).pack()
+
+
+def test_src_hash_key_keeps_only_the_source() -> None:
+    f = flow(VIP6, 443)
+    assert f.hash_key(src_only=True) == abi.FlowKey.make(f.src, V6(0), 0, 0, 0).pack()
+
+
+# --- 8. Connection table ------------------------------------------------------------------
+
+
+def test_conn_hit_uses_stored_backend_and_hash() -> None:
+    f = flow()
+    s = state(conns={f.key(): m.ConnEntry(3, 0x1234_5678)})
+    d = m.decide(s, m.frame(f))
+    assert d.outcome is m.Outcome.FORWARD
+    assert d.events == (abi.Event.CONN_HIT,)
+    assert (d.backend_id, d.flow_hash, d.gue_sport) == (3, 0x1234_5678, 0x8000 | 0x5678)
+    assert d.conn_insert is None and not d.new_flow
+    assert d.stats_bytes == 40
+
+
+def test_conn_hit_needs_no_table() -> None:
+    f = flow(VIP4_NOTABLE)
+    s = state(conns={f.key(): m.ConnEntry(2, 7)})
+    assert m.decide(s, m.frame(f)).backend_id == 2
+
+
+@pytest.mark.parametrize("dead", [5, 0, 99, abi.MAX_BACKENDS])
+def test_conn_to_an_unusable_backend_is_stale(dead: int) -> None:
+    f = flow()
+    s = state(conns={f.key(): m.ConnEntry(dead, 7)})
+    d = m.decide(s, m.frame(f))
+    assert d.events == (abi.Event.CONN_STALE, abi.Event.CONN_MISS)
+    assert d.backend_id == table_choice(f, [1, 2, 3])
+    assert d.conn_insert == (f.key(), m.ConnEntry(d.backend_id, expected_hash(f)))
+
+
+def test_stale_then_no_table_drops_with_both_counted() -> None:
+    f = flow(VIP4_NOTABLE)
+    d = m.decide(state(conns={f.key(): m.ConnEntry(5, 7)}), m.frame(f))
+    assert (d.drop, d.events) == (abi.DropReason.NO_TABLE, (abi.Event.CONN_STALE,))
+
+
+def test_apply_makes_the_next_packet_a_hit() -> None:
+    f = flow()
+    first = m.decide(S, m.frame(f))
+    second = m.decide(m.apply(S, first), m.frame(f))
+    assert second.events == (abi.Event.CONN_HIT,)
+    assert second.packet == first.packet
+    assert m.apply(S, second) is S
+
+
+# --- 9. Table --------------------------------------------------------------------------------
+
+
+@given(sport=st.integers(0, 65535), last=st.integers(1, 254))
+def test_table_bucket_is_hash_mod_size(sport: int, last: int) -> None:
+    f = m.Flow(V4(f"198.19.3.{last}"), VIP4, sport, 80, TCP)
+    d = m.decide(S, m.frame(f))
+    h = expected_hash(f)
+    assert (d.flow_hash, d.bucket, d.backend_id) == (h, h % SIZE, [1, 2, 3][h % SIZE % 3])
+    assert d.events == (abi.Event.CONN_MISS,)
+    assert d.conn_insert == (f.key(), m.ConnEntry(h % SIZE % 3 + 1, h))
+
+
+def test_source_hash_ignores_ports_but_conn_key_does_not() -> None:
+    a = m.decide(S, m.frame(flow(VIP6, 443, sport=1000)))
+    b = m.decide(S, m.frame(flow(VIP6, 443, sport=2000)))
+    assert a.flow_hash == b.flow_hash == expected_hash(flow(VIP6, 443), src_only=True)
+    assert a.conn_insert is not None and b.conn_insert is not None
+    assert a.conn_insert[0] != b.conn_insert[0]
+
+
+def test_no_table_drops() -> None:
+    d = m.decide(S, m.frame(flow(VIP4_NOTABLE)))
+    assert (d.outcome, d.drop, d.events) == (m.Outcome.DROP, abi.DropReason.NO_TABLE, ())
+    assert d.stats_bytes is None and d.conn_insert is None
+
+
+@pytest.mark.parametrize(
+    ("desc", "table", "size"),
+    [
+        ("hop 0 is zero", m.LookupTable(cycle([0])), SIZE),
+        ("backend inactive", m.LookupTable(cycle([5])), SIZE),
+        ("backend slot empty", m.LookupTable(cycle([77])), SIZE),
+        ("backend id out of range", m.LookupTable(cycle([abi.MAX_BACKENDS])), SIZE),
+        ("bucket beyond the inner map", m.LookupTable(cycle([1], 1)), 65537),
+    ],
+)
+def test_no_backend_drops(desc: str, table: m.LookupTable, size: int) -> None:
+    f = flow()
+    if desc.startswith("bucket"):
+        assert expected_hash(f) % size >= 1
+    vips = {**VIPS, m.Vip(VIP4, 80, TCP): m.VipParams(1, table_size=size)}
+    d = m.decide(state(vips=vips, tables={**TABLES, 1: table}), m.frame(f))
+    assert (d.outcome, d.drop, d.events) == (m.Outcome.DROP, abi.DropReason.NO_BACKEND, ()), desc
+    assert d.conn_insert is None
+
+
+def test_zero_table_size_is_no_table() -> None:
+    vips = {**VIPS, m.Vip(VIP4, 80, TCP): m.VipParams(1, table_size=0)}
+    assert m.decide(state(vips=vips), m.frame(flow())).drop is abi.DropReason.NO_TABLE
+
+
+@pytest.mark.parametrize(
+    ("desc", "second"),
+    [("inactive", 5), ("empty slot", 77), ("other family", 4), ("out of range", 1 << 20)],
+)
+def test_beamer_leaves_out_an_unusable_second_hop(desc: str, second: int) -> None:
+    tables = {**TABLES, 6: m.LookupTable(cycle([1]), cycle([second]))}
+    d = m.decide(state(tables=tables), m.frame(flow(VIP4_BEAMER)))
+    assert (d.outcome, d.hops) == (m.Outcome.FORWARD, (1,)), desc
+
+
+def test_beamer_conn_hit_has_one_hop() -> None:
+    f = flow(VIP4_BEAMER)
+    d = m.decide(state(conns={f.key(): m.ConnEntry(1, 5)}), m.frame(f))
+    assert d.hops == (1,)
+
+
+def test_maglev_ignores_second_hops() -> None:
+    tables = {**TABLES, 1: m.LookupTable(cycle([1, 2, 3]), cycle([2]))}
+    assert m.decide(state(tables=tables), m.frame(flow())).hops == (
+        table_choice(flow(), [1, 2, 3]),
+    )
+
+
+def test_beamer_writes_both_hops() -> None:
+    # Table 6: first hop 1 everywhere, second hop 2 on even buckets, none on odd ones.
+    for sport in range(40000, 40040):
+        f = flow(VIP4_BEAMER, sport=sport)
+        d = m.decide(S, m.frame(f))
+        assert d.bucket is not None and d.flow_hash is not None
+        want = (1, 2) if d.bucket % 2 == 0 else (1,)
+        assert d.hops == want
+        assert d.conn_insert == (f.key(), m.ConnEntry(1, d.flow_hash))
+
+
+# --- 10./11. Stats and encapsulation ------------------------------------------------------------
+
+
+def split_gue(pkt: bytes, outer_v: int) -> tuple[bytes, bytes, bytes, bytes]:
+    """outer IP, UDP, GUE (header + private data), inner."""
+    oh = 20 if outer_v == 4 else 40
+    gue_len = 4 + 4 * pkt[oh + 8]
+    return pkt[:oh], pkt[oh : oh + 8], pkt[oh + 8 : oh + 8 + gue_len], pkt[oh + 8 + gue_len :]
+
+
+def test_gue_over_ipv4() -> None:
+    f = flow()
+    fr = m.frame(f, b"hello", tos=0xB8)
+    d = m.decide(S, fr)
+    assert d.packet is not None and d.flow_hash is not None
+    ip, udp, gue, inner = split_gue(d.packet, 4)
+    assert inner == fr[14:]
+    be = BACKENDS[table_choice(f, [1, 2, 3])].addr
+    total = 20 + 8 + 8 + 4 + len(inner)
+    assert ip == struct.pack(
+        "!BBHHHBBH4s4s", 0x45, 0xB8, total, 0, 0x4000, 64, 17,
+        m.ipv4_checksum(ip[:10] + b"\0\0" + ip[12:]), SRC4.packed, be.packed,
+    )  # fmt: skip
+    assert m.ipv4_checksum(ip) == 0  # a header with its checksum sums to 0xffff
+    assert udp == struct.pack(
+        "!HHHH", 0x8000 | (d.flow_hash & 0x7FFF), abi.GUE_PORT, 8 + 12 + len(inner), 0
+    )
+    assert gue == bytes([2, 4, 0, 0, 0, 0, 0, 1]) + be.packed
+    assert d.gue_sport == 0x8000 | (d.flow_hash & 0x7FFF)
+    assert d.stats_bytes == len(inner)
+
+
+def test_gue_over_ipv6_with_ipv6_inner() -> None:
+    f = flow(VIP6, 443)
+    fr = m.frame(f, tos=0x2E)
+    d = m.decide(S, fr)
+    assert d.packet is not None and d.backend_id == 4
+    ip, udp, gue, inner = split_gue(d.packet, 6)
+    assert inner == fr[14:]
+    plen = 8 + 4 + 4 + 16 + len(inner)
+    assert ip == struct.pack(
+        "!IHBB16s16s", (6 << 28) | (0x2E << 20), plen, 17, 64, SRC6.packed, BACKENDS[4].addr.packed
+    )
+    assert gue == bytes([1 + 4, 41, 0, 0, 0, 0, 0, 1]) + BACKENDS[4].addr.packed
+    assert udp[4:6] == (plen).to_bytes(2, "big")
+
+
+def test_outer_family_is_the_backends() -> None:
+    """IPv4 inner over an IPv6 backend: GUE byte 1 names the inner family."""
+    tables = {**TABLES, 1: m.LookupTable(cycle([4]))}
+    d = m.decide(state(tables=tables), m.frame(flow()))
+    assert d.packet is not None
+    ip, _udp, gue, inner = split_gue(d.packet, 6)
+    assert ip[0] >> 4 == 6 and gue[1] == 4 and inner[0] >> 4 == 4
+
+
+def test_ipip() -> None:
+    f = flow(dport=53, proto=UDP)
+    fr = m.frame(f, b"q")
+    d = m.decide(S, fr)
+    assert d.packet is not None and d.backend_id == 3
+    assert d.packet[9] == 4  # IPPROTO_IPIP
+    assert d.packet[20:] == fr[14:]
+    assert int.from_bytes(d.packet[2:4], "big") == 20 + len(fr) - 14
+    assert d.gue_sport is not None  # the hash still exists, only no UDP header carries it
+
+
+def test_ipip_6in4_protocol() -> None:
+    vips = {**VIPS, m.Vip(VIP6, 443, TCP): m.VipParams(4, table_size=SIZE, encap=abi.Encap.IPIP)}
+    tables = {**TABLES, 4: m.LookupTable(cycle([1]))}
+    d = m.decide(state(vips=vips, tables=tables), m.frame(flow(VIP6, 443)))
+    assert d.packet is not None and d.packet[0] == 0x45 and d.packet[9] == 41
+
+
+def test_beamer_hop_list() -> None:
+    for sport in range(40000, 40040):
+        d = m.decide(S, m.frame(flow(VIP4_BEAMER, sport=sport)))
+        if d.hops == (1, 2):
+            break
+    assert d.packet is not None
+    _ip, udp, gue, _inner = split_gue(d.packet, 4)
+    addrs = BACKENDS[1].addr.packed + BACKENDS[2].addr.packed
+    assert gue == bytes([3, 4, 0, 0, 0, 0, 0, 2]) + addrs
+    assert int.from_bytes(udp[4:6], "big") == 8 + 4 + 4 + 8 + 40
+
+
+@pytest.mark.parametrize("missing", ["src4", "src6"])
+def test_no_outer_source_drops_after_choosing(missing: str) -> None:
+    cfg = m.LbConfig(
+        None if missing == "src4" else SRC4, None if missing == "src6" else SRC6, seed=CONFIG.seed
+    )
+    f = flow() if missing == "src4" else flow(VIP6, 443)
+    d = m.decide(state(config=cfg), m.frame(f))
+    assert (d.outcome, d.drop) == (m.Outcome.DROP, abi.DropReason.NO_CONFIG)
+    # Stats and the connection entry moved before the encapsulation failed (step 10).
+    assert d.events == (abi.Event.CONN_MISS,)
+    assert d.conn_insert is not None and d.stats_bytes == 40 + (20 if f.dst.version == 6 else 0)
+    assert d.packet is None
+
+
+def test_zero_address_is_no_config() -> None:
+    cfg = m.LbConfig(V4(0), SRC6, seed=CONFIG.seed)
+    assert m.decide(state(config=cfg), m.frame(flow())).drop is abi.DropReason.NO_CONFIG
+
+
+def test_scapy_reads_the_outer_packet() -> None:
+    """An independent parser agrees on lengths and the checksum."""
+    from scapy.layers.inet import IP
+    from scapy.layers.inet import UDP as SUDP
+
+    d = m.decide(S, m.frame(flow(), b"x" * 33))
+    assert d.packet is not None
+    pkt = IP(d.packet)
+    assert pkt.len == len(d.packet) and pkt.flags == "DF" and pkt.ttl == 64
+    assert pkt[SUDP].len == len(d.packet) - 20 and pkt[SUDP].dport == abi.GUE_PORT
+    fresh = pkt.copy()
+    del fresh.chksum  # scapy recomputes it on build
+    assert IP(bytes(fresh)).chksum == pkt.chksum
+
+
+# --- Decision helpers, predict_backend, predict_many ------------------------------------------
+
+
+def test_allows() -> None:
+    fwd = m.decide(S, m.frame(flow()))
+    assert fwd.allows(m.XdpAction.TX) and fwd.allows(m.XdpAction.REDIRECT)
+    assert not fwd.allows(m.XdpAction.ABORTED)
+    passed = m.decide(S, m.frame(flow(OTHER4)))
+    assert passed.allows(m.XdpAction.PASS) and not passed.allows(m.XdpAction.TX)
+    assert "backend=" in fwd.describe()
+
+
+def test_config_abi_value_is_network_order() -> None:
+    raw = CONFIG.abi_value().pack()
+    assert raw[:4] == SRC4.packed and raw[4:20] == SRC6.packed
+    assert raw[20:22] == abi.GUE_PORT.to_bytes(2, "big")
+    assert int.from_bytes(raw[24:28], "little") == CONFIG.seed
+
+
+def test_lookup_table_buckets_layout() -> None:
+    t = m.LookupTable(np.array([1, 2], dtype=np.uint32), np.array([0, 3], dtype=np.uint32))
+    assert t.buckets() == struct.pack("<4I", 1, 0, 2, 3)
+    with pytest.raises(ValueError, match="second hops"):
+        m.LookupTable(np.array([1, 2]), np.array([1]))
+
+
+def test_predict_backend_matches_decide() -> None:
+    for f in [flow(), flow(VIP6, 443), flow(dport=9, proto=UDP), flow(OTHER4), flow(VIP4_NOTABLE)]:
+        d = m.decide(S, m.frame(f))
+        want = d.backend_id if d.outcome is m.Outcome.FORWARD else None
+        assert m.predict_backend(S, f) == want
+
+
+SRCS: dict[int, list[abi.IPAddress]] = {
+    4: [CLIENT4, V4("198.19.200.1")],
+    6: [CLIENT6, V6("fd78:6470:6c62:2::99")],
+}
+
+
+@st.composite
+def flows_strategy(draw: st.DrawFn) -> m.Flow:
+    dsts: list[abi.IPAddress] = [VIP4, VIP4_NOTABLE, VIP4_BEAMER, OTHER4, VIP6]
+    dst = draw(st.sampled_from(dsts))
+    return m.Flow(
+        draw(st.sampled_from(SRCS[dst.version])),
+        dst,
+        draw(st.integers(0, 65535)),
+        draw(st.sampled_from([0, 53, 80, 443, 9999])),
+        draw(st.sampled_from([TCP, UDP])),
+    )
+
+
+@settings(max_examples=60, deadline=None)
+@given(flows=st.lists(flows_strategy(), max_size=60), with_conns=st.booleans())
+def test_predict_many_matches_predict_backend(flows: list[m.Flow], with_conns: bool) -> None:
+    s = S
+    if with_conns and flows:
+        s = state(conns={flows[0].key(): m.ConnEntry(2, 99), flows[-1].key(): m.ConnEntry(5, 1)})
+    got = m.predict_many(s, flows)
+    for i, f in enumerate(flows):
+        want = m.predict_backend(s, f)
+        assert int(got.backend[i]) == (want or 0), f
+        if want is not None:
+            d = m.decide(s, m.frame(f))
+            assert int(got.flow_hash[i]) == d.flow_hash
+            assert int(got.gue_sport[i]) == d.gue_sport
+
+
+def test_predict_many_at_scale() -> None:
+    rng = np.random.default_rng(7)
+    n = 20000
+    src = np.zeros((n, 4), dtype=np.uint32)
+    src[:, 0] = rng.integers(0, 2**32, n, dtype=np.uint32)
+    dst = np.zeros((n, 4), dtype=np.uint32)
+    dst[:, 0] = abi.addr_words(VIP4)[0]
+    batch = m.FlowBatch(
+        src,
+        dst,
+        rng.integers(0, 65536, n).astype(np.uint16),
+        np.full(n, 80, dtype=np.uint16),
+        np.full(n, TCP, dtype=np.uint8),
+        np.full(n, 4, dtype=np.uint8),
+    )
+    got = m.predict_many(S, batch)
+    assert set(np.unique(got.backend).tolist()) == {1, 2, 3}
+    for i in range(0, n, 997):
+        f = m.Flow(V4(int(src[i, 0]).to_bytes(4, "little")), VIP4, int(batch.sport[i]), 80, TCP)
+        assert int(got.backend[i]) == m.predict_backend(S, f)
