@@ -25,10 +25,7 @@ sys.path.insert(0, str(ROOT / "bench"))
 
 import bench_harness as bh  # noqa: E402
 
-pytestmark = [
-    pytest.mark.bpf,
-    pytest.mark.skipif(os.geteuid() != 0, reason="needs root (bpf syscalls, netns)"),
-]
+pytestmark = pytest.mark.bpf
 
 N = 5000
 
@@ -36,8 +33,7 @@ N = 5000
 @pytest.fixture(scope="module")
 def harness() -> Iterator[bh.Harness]:
     for obj in ("lb_xdp", "bench_wrap", "bench_ref"):
-        if not (paths.build_dir() / f"{obj}.bpf.o").exists():
-            pytest.skip(f"build/{obj}.bpf.o is missing: run `make build`")
+        paths.bpf_object(obj)  # a clear error if `make build` did not run
     instance = f"benchtest-{os.getpid()}"
     with bh.Harness(instance) as h:
         yield h

@@ -43,10 +43,7 @@ from xdplb.datapath import (
 )
 from xdplb.errors import BpfError, LoadError
 
-pytestmark = [
-    pytest.mark.bpf,
-    pytest.mark.skipif(os.geteuid() != 0, reason="needs root (bpf syscalls, netns)"),
-]
+pytestmark = pytest.mark.bpf
 
 XDP_ABORTED, XDP_DROP, XDP_PASS, XDP_TX = 0, 1, 2, 3
 TC_ACT_OK = 0

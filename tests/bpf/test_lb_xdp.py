@@ -8,7 +8,6 @@ needs more than one packet (connection table, source hashing, stats).
 from __future__ import annotations
 
 import dataclasses
-import os
 import struct
 
 import lb_fixtures as fx
@@ -20,10 +19,7 @@ from scapy.utils import hexdump
 from xdplb import abi
 from xdplb.abi import DropReason, Event
 
-pytestmark = [
-    pytest.mark.bpf,
-    pytest.mark.skipif(os.geteuid() != 0, reason="needs root (bpf syscalls, netns)"),
-]
+pytestmark = pytest.mark.bpf
 
 
 # --- assertions with readable diffs -------------------------------------------------------
