@@ -119,6 +119,7 @@ enum xdplb_drop_reason {
 	XDPLB_DROP_NO_CONFIG,		/* lb_config not filled in */
 	XDPLB_DROP_ENCAP,		/* bpf_xdp_adjust_head refused */
 	XDPLB_DROP_FIB,			/* no route to the backend */
+	XDPLB_DROP_TOO_BIG,		/* encapsulated packet exceeds the egress MTU */
 	XDPLB_DROP__MAX,
 };
 
@@ -133,6 +134,7 @@ enum xdplb_event {
 	XDPLB_EV_TX,			/* encapsulated, XDP_TX */
 	XDPLB_EV_REDIRECT,		/* encapsulated, XDP_REDIRECT to another port */
 	XDPLB_EV_FIB_PASS,		/* encapsulated, no neighbour yet: kernel forwards */
+	XDPLB_EV_CONN_FLOOD,		/* new flow balanced but not recorded: over the insert budget */
 	XDPLB_EV__MAX,
 };
 

@@ -122,6 +122,9 @@ static __always_inline int lb_fib_finish(struct xdp_md *ctx, struct ethhdr *eth,
 	 */
 	if (rc == BPF_FIB_LKUP_RET_NO_NEIGH)
 		return lb_pass(XDPLB_EV_FIB_PASS);
+	/* The path to the backend needs an MTU of client MTU + tunnel overhead. */
+	if (rc == BPF_FIB_LKUP_RET_FRAG_NEEDED)
+		return lb_drop(XDPLB_DROP_TOO_BIG);
 	return lb_drop(XDPLB_DROP_FIB);
 }
 

@@ -175,6 +175,8 @@ static __always_inline int lb_table_lookup(const struct lb_pkt *pkt,
 		conn.hash = tgt->hash;
 		/* Best effort: a full LRU evicts; a failed insert only costs a rehash later. */
 		bpf_map_update_elem(&lb_conns, &pkt->flow, &conn, BPF_ANY);
+	} else {
+		lb_count_event(XDPLB_EV_CONN_FLOOD);
 	}
 	lb_count_event(XDPLB_EV_CONN_MISS);
 	return -1;

@@ -58,6 +58,7 @@ class DropReason(enum.IntEnum):
     NO_CONFIG = enum.auto()
     ENCAP = enum.auto()
     FIB = enum.auto()
+    TOO_BIG = enum.auto()
 
 
 class Event(enum.IntEnum):
@@ -72,6 +73,7 @@ class Event(enum.IntEnum):
     TX = enum.auto()
     REDIRECT = enum.auto()
     FIB_PASS = enum.auto()
+    CONN_FLOOD = enum.auto()
 
 
 class HostEvent(enum.IntEnum):

@@ -126,3 +126,24 @@ def test_bench_quick_writes_valid_results(tmp_path: Path) -> None:
     assert f"bench-{proc.pid}" not in netns.split()
     assert not paths.pin_root(f"bench-{proc.pid}").exists()
     assert not paths.pin_root(f"bench-{proc.pid}-cp").exists()
+
+
+def test_new_flow_flood_is_balanced_but_not_recorded(harness: bh.Harness) -> None:
+    """Past the per-CPU insert budget of a 100 ms window, new flows are still forwarded by
+    the table, counted as CONN_FLOOD, and left out of the connection table."""
+    budget, n = 12_500, 20_000
+    case = harness.cases["ipv4_new_flow"]
+    first = harness._arm(case)
+    flood = harness.lb.obj.map("lb_flood")
+    flood.update(bytes(4), bytes(flood.value_stride))  # a fresh window
+    before = harness._lb_counters()
+    # One test_run call: 20,000 new flows in ~15 ms, well inside one window.
+    res = harness.wrap.test_run(case.packet, repeat=n, ingress_ifindex=harness.ifindex)
+    after = harness._lb_counters()
+    harness._ctr = first + n
+    assert res.retval == bh.XDP_TX
+    deltas = {k: after[k] - before[k] for k in after if after[k] != before[k]}
+    assert deltas == {"CONN_MISS": n, "TX": n, "CONN_FLOOD": n - budget}
+    conns = harness.lb["lb_conns"]
+    assert conns.lookup(bh.flow_key(bh.varied(case.packet, first + n - 1))) is None
+    assert conns.lookup(bh.flow_key(bh.varied(case.packet, first))) is not None

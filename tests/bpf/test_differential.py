@@ -63,8 +63,8 @@ def fib_action(d: model.Decision) -> model.XdpAction:
     """What step 12 does in the lab with a packet the model forwards.
 
     1-6 have permanent neighbours (TX), 7 has none (PASS, FIB_PASS), 9 has no route
-    (DROP, FIB); and an outer packet longer than lb0's MTU is BPF_FIB_LKUP_RET_FRAG_NEEDED,
-    which the contract folds into "any other result: drop FIB".
+    (DROP, FIB); and an outer packet longer than lb0's MTU is BPF_FIB_LKUP_RET_FRAG_NEEDED
+    (DROP, TOO_BIG): see :func:`fib_drop`.
     """
     assert d.backend_id is not None and d.packet is not None
     be = fx.BACKENDS[d.backend_id]
@@ -352,13 +352,22 @@ def event_deltas(decisions: list[model.Decision]) -> np.ndarray:
     return ev
 
 
+def fib_drop(d: model.Decision) -> abi.DropReason:
+    """Why step 12 drops a packet :func:`fib_action` says it drops: no route comes first."""
+    assert d.backend_id is not None
+    be = fx.BACKENDS[d.backend_id]
+    if be.addr.version == 4 and be.addr not in ipaddress.IPv4Network("198.18.0.0/24"):
+        return abi.DropReason.FIB
+    return abi.DropReason.TOO_BIG
+
+
 def drop_deltas(decisions: list[model.Decision]) -> np.ndarray:
     dr = np.zeros(len(abi.DropReason), dtype=np.int64)
     for d in decisions:
         if d.drop is not None:
             dr[d.drop] += 1
         elif d.outcome is model.Outcome.FORWARD and fib_action(d) == model.XdpAction.DROP:
-            dr[abi.DropReason.FIB] += 1
+            dr[fib_drop(d)] += 1
     return dr
 
 
@@ -509,7 +518,7 @@ def test_mtu_boundary(mlb: ModelLb, vip: abi.IPAddress, dport: int) -> None:
     """Inner sizes around lb0's MTU minus the tunnel overhead.
 
     The outer packet may be exactly the MTU; one byte more and bpf_fib_lookup says
-    FRAG_NEEDED, which lb_xdp counts as drop FIB (and no ICMP goes back to the client).
+    FRAG_NEEDED, which lb_xdp counts as drop TOO_BIG (no ICMP goes back to the client yet).
     A client's full-size 1500-byte packet is therefore never forwarded over a
     1500-byte path.
     """

@@ -301,7 +301,7 @@ def test_longer_packet_than_cached_rechecks_the_mtu(lb: Lb) -> None:
         fx.XDP_DROP,
         fx.encapsulated(big, vip, be, h, eth_dst=lb.env.lb_mac, eth_src=fx.CLIENT_MAC),
         events={Event.CONN_HIT: 1},
-        drops={DropReason.FIB: 1},
+        drops={DropReason.TOO_BIG: 1},
         vip_stats={vip.id: (1, ip_len, 0)},
         be_stats={be_id: (1, ip_len, 0)},
     )

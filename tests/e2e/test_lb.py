@@ -231,6 +231,19 @@ def test_a_bad_reload_changes_nothing(lab: Lab, lb: LbNode) -> None:
     lb.config_path.write_text(good)
 
 
+def test_editing_the_file_reloads_without_a_signal(lab: Lab, lb: LbNode) -> None:
+    changed = vips(lab)
+    changed[3]["backends"][0]["weight"] = 3  # b1 of the weighted VIP: 2 -> 3
+    lb.write(changed)  # no SIGHUP: the daemon notices the new mtime
+    lb.wait_applied(timeout=10)
+    state = state_of(lb)
+    vip = next(p for v, p in state.vips.items() if str(v.addr) == VIP4_WEIGHTED)
+    counts = Counter(int(i) for i in state.tables[vip.vip_id].first)
+    assert sorted(round(c / sum(counts.values()), 2) for c in counts.values()) == [0.2, 0.2, 0.6]
+    lb.write(vips(lab))
+    lb.wait_applied(timeout=10)
+
+
 def test_status_and_stop(lab: Lab, lb: LbNode) -> None:
     cli = [sys.executable, "-m", "xdplb.cli"]
     out = subprocess.run(
