@@ -30,37 +30,18 @@ pytestmark = pytest.mark.e2e
 ECHO_PORT = 7777
 TIMEOUT = 2.0
 
-# Echo server: one line "ready" once bound, then answers "<node>:<payload>".
-ECHO_SERVER = """
-import socket, sys
-node, vip, port = sys.argv[1], sys.argv[2], int(sys.argv[3])
-fam = socket.AF_INET6 if ":" in vip else socket.AF_INET
-s = socket.socket(fam, socket.SOCK_DGRAM)
-s.bind((vip, port))
-print("ready", flush=True)
-while True:
-    data, peer = s.recvfrom(2048)
-    s.sendto(node.encode() + b":" + data, peer)
-"""
-
 
 @pytest.fixture(scope="module")
 def echo_lab(lab: Lab) -> Iterator[Lab]:
-    """The lab with an echo server on every (backend, VIP)."""
+    """The lab with the lab's servers (UDP echo on ECHO_PORT) on every backend."""
     procs = []
     for name in lab.backends:
-        for vip in lab.vips:
-            proc = lab.popen(
-                name,
-                [sys.executable, "-c", ECHO_SERVER, name, str(vip), str(ECHO_PORT)],
-                stdout=subprocess.PIPE,
-                text=True,
-            )
-            procs.append(proc)
+        argv = [sys.executable, "-m", "xdplb.lab.apps", "--name", name, "--udp", str(ECHO_PORT)]
+        procs.append(lab.popen(name, argv, stdout=subprocess.PIPE, text=True))
     for proc in procs:
         assert proc.stdout is not None
         ready, _, _ = select.select([proc.stdout], [], [], 5.0)
-        assert ready, f"echo server {proc.args} did not start"
+        assert ready, f"server {proc.args} did not start"
         assert proc.stdout.readline().strip() == "ready"
     yield lab
     for proc in procs:
@@ -127,7 +108,7 @@ def test_decap_and_direct_reply(
                 if time.monotonic() > deadline:
                     pytest.fail(f"no echo from {backend} via {encap} {outer}/{inner}")
 
-    assert data == backend.encode() + b":" + payload
+    assert data == backend.encode() + b"\n" + payload
     assert ipaddress.ip_address(peer[0]) == vip  # direct server return: from the VIP
     assert peer[1] == ECHO_PORT
     after = host.events()
@@ -160,7 +141,7 @@ def test_xdp_tx_on_lb_reaches_backend(echo_lab: Lab) -> None:
             for _ in range(5):
                 sock.send(b"via xdp_tx")
                 with contextlib.suppress(TimeoutError):
-                    replies += sock.recv(2048) == b"b3:via xdp_tx"
+                    replies += sock.recv(2048) == b"b3\nvia xdp_tx"
             link.detach()
     assert replies >= 4  # the first may wait for ARP
 

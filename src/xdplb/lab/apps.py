@@ -23,6 +23,10 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from types import FrameType
 
 
+#: <linux/in.h>; Python's socket module has it only from 3.12.
+IP_PKTINFO = getattr(socket, "IP_PKTINFO", 8)
+
+
 class _DualStack:
     """Listen on [::] with IPV6_V6ONLY off, so IPv4 and IPv6 VIPs share one socket."""
 
@@ -78,18 +82,34 @@ class _Echo(socketserver.BaseRequestHandler):
             conn.sendall(data)
 
 
-def _udp_echo(name: str, port: int, stop: threading.Event) -> None:
-    sock = socket.socket(socket.AF_INET6, socket.SOCK_DGRAM)
-    sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 0)
-    sock.bind(("::", port))
+def _udp_echo(name: str, family: socket.AddressFamily, port: int, stop: threading.Event) -> None:
+    """Answer from the address the datagram was sent to (the VIP), as a client's connected
+    socket requires: a wildcard socket would otherwise pick the source by route."""
+    sock = socket.socket(family, socket.SOCK_DGRAM)
+    if family == socket.AF_INET6:
+        sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
+        sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_RECVPKTINFO, 1)
+        level, kind = socket.IPPROTO_IPV6, socket.IPV6_PKTINFO
+    else:
+        sock.setsockopt(socket.IPPROTO_IP, IP_PKTINFO, 1)
+        level, kind = socket.IPPROTO_IP, IP_PKTINFO
+    sock.bind(("::" if family == socket.AF_INET6 else "0.0.0.0", port))
     sock.settimeout(0.2)
     prefix = f"{name}\n".encode()
     while not stop.is_set():
         try:
-            data, peer = sock.recvfrom(65536)
+            data, anc, _flags, peer = sock.recvmsg(65536, 256)
         except TimeoutError:
             continue
-        sock.sendto(prefix + data, peer)
+        info = next((d for lvl, t, d in anc if (lvl, t) == (level, kind)), None)
+        if info is not None and family == socket.AF_INET:
+            # struct in_pktinfo {ifindex; spec_dst; addr}: the request's addr becomes the
+            # reply's spec_dst (its source), any interface.
+            info = bytes(4) + info[8:12] + bytes(4)
+        elif info is not None:
+            # struct in6_pktinfo {addr; ifindex}: send from addr, any interface.
+            info = info[:16] + bytes(4)
+        sock.sendmsg([prefix + data], [(level, kind, info)] if info else [], 0, peer)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -109,8 +129,9 @@ def main(argv: list[str] | None = None) -> int:
         threading.Thread(target=echo.serve_forever, daemon=True),
     ]
     threads += [
-        threading.Thread(target=_udp_echo, args=(args.name, port, stop), daemon=True)
+        threading.Thread(target=_udp_echo, args=(args.name, family, port, stop), daemon=True)
         for port in args.udp
+        for family in (socket.AF_INET, socket.AF_INET6)
     ]
     for t in threads:
         t.start()

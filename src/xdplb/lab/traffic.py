@@ -73,12 +73,16 @@ def udp_exchange(
     timeout: float = 2.0,
     tries: int = 3,
 ) -> str:
-    """One datagram and its echo; the backend's name. Retries a lost datagram."""
+    """One datagram and its echo; the backend's name. Retries a lost datagram.
+
+    The socket is connected, so a reply from any address but the VIP is not taken:
+    direct server return must answer from the VIP."""
     sock = open_socket(ns, addr, socket.SOCK_DGRAM, src_port)
     try:
         sock.settimeout(timeout / tries)
+        sock.connect((addr, port))
         for _ in range(tries):
-            sock.sendto(payload, (addr, port))
+            sock.send(payload)
             try:
                 data = sock.recv(65536)
             except TimeoutError:
