@@ -92,8 +92,9 @@ struct xdplb_flow_key {
  * xdplb_flow_hash(key, hash_seed) & (XDPLB_CONN_SETS - 1), each holding
  * XDPLB_CONN_WAYS flows.  Everything a lookup miss reads is in the set's first
  * 64 bytes (tags, backend ids, LRU ranks); each way's key has a cache line
- * of its own.  The lock guards the whole set: the data path reads and writes a
- * set only while holding it, user space reads and writes with BPF_F_LOCK.
+ * of its own.  Writers hold the set's lock and make seq odd while they write
+ * (a seqcount): the data path reads without the lock and counts a read that
+ * saw seq odd or changed as a miss.  User space copies sets with BPF_F_LOCK.
  */
 struct xdplb_conn_slot {
 	struct xdplb_flow_key key;
@@ -106,7 +107,8 @@ struct xdplb_conn_set {
 	__u32 tag[XDPLB_CONN_WAYS];	/* flow hash (seeded 5-tuple jhash) of the way's key */
 	__u32 backend_id[XDPLB_CONN_WAYS];	/* 0: the way is empty */
 	__u32 hash[XDPLB_CONN_WAYS];	/* the flow's table hash, kept so a hit needs no rehash */
-	__u32 pad[2];
+	__u32 seq;			/* odd while a writer changes the set */
+	__u32 pad;
 	struct xdplb_conn_slot slot[XDPLB_CONN_WAYS];
 };
 

@@ -6,12 +6,21 @@
  * A flow lives in set xdplb_flow_hash(key, hash_seed) & (SETS - 1), in one
  * of its XDPLB_CONN_WAYS ways, tagged with that hash.  Replacement is exact
  * LRU within the set: the matching way (an update), else an empty way, else
- * the way of highest rank.  Each set is read and written only under its
- * bpf_spin_lock (no helper calls while it is held), so a reader never sees a
- * half-written entry; user space uses BPF_F_LOCK.  Ranks: touching way w with
- * old rank r moves every way ranked below r one down and puts w at 0; a way
- * being filled counts as r = WAYS - 1, so after WAYS inserts into an empty
- * set the ranks are a permutation and stay one.
+ * the way of highest rank.
+ *
+ * Writers (lb_conn_put) hold the set's bpf_spin_lock (no helper calls while
+ * it is held) and make seq odd for the time they write, seqcount style.
+ * Readers (lb_conn_get) take no lock: they read seq, the ways, then seq
+ * again, and a read that saw seq odd or changed is a miss, never a torn
+ * entry (the miss path's insert then finds the flow again under the lock).
+ * The ordering relies on the compiler barriers below and on x86's ordering
+ * of loads with loads and stores with stores (the BPF JIT keeps program
+ * order; BPF has no fence instruction to do better on weaker machines).
+ * User space copies whole sets with BPF_F_LOCK (datapath/conns.py).
+ *
+ * Ranks: touching way w with old rank r moves every way ranked below r one
+ * down and puts w at 0; a way being filled counts as r = WAYS - 1, so after
+ * WAYS inserts into an empty set the ranks are a permutation and stay one.
  */
 #ifndef XDPLB_LIB_LB_CONNS_H
 #define XDPLB_LIB_LB_CONNS_H
@@ -23,6 +32,9 @@
 #include "lib/lb_maps.h"
 
 #define LB_WAYS		XDPLB_CONN_WAYS
+#define lb_barrier()	asm volatile("" ::: "memory")
+#define LB_READ_ONCE(x)	(*(volatile typeof(x) *)&(x))
+#define LB_WRITE_ONCE(x, v)	(*(volatile typeof(x) *)&(x) = (v))
 #define LB_NO_WAY	LB_WAYS
 
 static __always_inline struct xdplb_conn_set *lb_conn_set(__u32 fhash)
@@ -76,21 +88,31 @@ static __always_inline int lb_conn_get(__u32 fhash, const struct xdplb_flow_key 
 				       __u32 *backend_id, __u32 *hash)
 {
 	struct xdplb_conn_set *s = lb_conn_set(fhash);
-	__u32 w;
+	__u32 seq, w;
 
 	if (!s)
 		return 0;
-	bpf_spin_lock(&s->lock);
+	seq = LB_READ_ONCE(s->seq);
+	if (seq & 1)
+		return 0;
+	lb_barrier();
 	w = lb_conn_find(s, fhash, key);
-	if (w < LB_WAYS) {
-		w &= LB_WAYS - 1;
-		*backend_id = s->backend_id[w];
-		*hash = s->hash[w];
-		if (s->rank[w])
+	if (w >= LB_WAYS)
+		return 0;
+	w &= LB_WAYS - 1;
+	*backend_id = s->backend_id[w];
+	*hash = s->hash[w];
+	lb_barrier();
+	if (LB_READ_ONCE(s->seq) != seq)
+		return 0;
+	if (s->rank[w]) {
+		/* Not the most recent way: refresh, if it still holds the flow. */
+		bpf_spin_lock(&s->lock);
+		if (s->tag[w] == fhash && s->backend_id[w] == *backend_id)
 			lb_conn_touch(s, w, s->rank[w]);
+		bpf_spin_unlock(&s->lock);
 	}
-	bpf_spin_unlock(&s->lock);
-	return w < LB_WAYS;
+	return 1;
 }
 
 /* Step 9's write: record (or replace) the flow, evicting the set's LRU way if full. */
@@ -126,10 +148,14 @@ static __always_inline void lb_conn_put(__u32 fhash, const struct xdplb_flow_key
 		}
 	}
 	w &= LB_WAYS - 1;
+	LB_WRITE_ONCE(s->seq, s->seq + 1);
+	lb_barrier();
 	s->tag[w] = fhash;
 	s->backend_id[w] = backend_id;
 	s->hash[w] = hash;
 	__builtin_memcpy(&s->slot[w].key, key, sizeof(*key));
+	lb_barrier();
+	LB_WRITE_ONCE(s->seq, s->seq + 1);
 	lb_conn_touch(s, w, r);
 	bpf_spin_unlock(&s->lock);
 }

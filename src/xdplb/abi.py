@@ -190,7 +190,8 @@ class ConnSet(_Struct):
         ("tag", ctypes.c_uint32 * CONN_WAYS),
         ("backend_id", ctypes.c_uint32 * CONN_WAYS),
         ("hash", ctypes.c_uint32 * CONN_WAYS),
-        ("pad", ctypes.c_uint32 * 2),
+        ("seq", ctypes.c_uint32),
+        ("pad", ctypes.c_uint32),
         ("slot", ConnSlot * CONN_WAYS),
     ]
 

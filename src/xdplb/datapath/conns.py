@@ -5,9 +5,12 @@ set of a flow being ``flow_hash(key, hash_seed) & (CONN_SETS - 1)``, each set ho
 ``abi.CONN_WAYS`` flows with an LRU rank per way (``bpf/lib/lb_conns.h``). This module
 turns that into what the rest of the code wants, a mapping of flow key bytes ->
 (backend id, hash), and writes entries the way lb_xdp does. Every access copies whole sets
-with ``BPF_F_LOCK``, so it never sees (or leaves) a half-written set; a read-modify-write
-(:meth:`ConnTable.put`) is not atomic against the data path, though: it is for tests and
-tools, not for a table carrying traffic.
+with ``BPF_F_LOCK``, so it never sees (or leaves) a half-written set. lb_xdp reads sets
+without the lock, validating with the set's ``seq``; a ``BPF_F_LOCK`` copy cannot order its
+stores for such a reader, so :meth:`ConnTable.put` (a read-modify-write, not atomic against
+the data path either) is for tests and tools, not for a table carrying traffic.
+:meth:`ConnTable.flush` is safe under traffic: a read that sees part of an entry zeroed is
+a miss (backend 0, tag or key not matching), or at worst carries a zero hash.
 """
 
 from __future__ import annotations
@@ -107,6 +110,7 @@ class ConnTable:
             if st.rank[i] < rank:
                 st.rank[i] += 1
         st.rank[w] = 0
+        st.seq = (st.seq + 2) & 0xFFFFFFFF
         self.map.update(idx.to_bytes(4, "little"), st.pack(), BPF_F_LOCK)
 
     def flush(self) -> int:
