@@ -22,6 +22,7 @@ int lb_xdp(struct xdp_md *ctx)
 	struct lb_pkt pkt = {};
 	__u32 zero = 0;
 	__u32 new_flow = 0;
+	__u32 fhash;
 	int rc;
 
 	/* 1-5, 7: parse; non-IP, malformed, fragments and truncated L4 end here. */
@@ -38,9 +39,10 @@ int lb_xdp(struct xdp_md *ctx)
 	if (!cfg)
 		return lb_drop(XDPLB_DROP_NO_CONFIG);
 
-	/* 8, then 9 on a miss or a stale entry */
-	if (!lb_conn_lookup(&pkt, &tgt)) {
-		rc = lb_table_lookup(&pkt, vip, cfg, &tgt);
+	/* 8, then 9 on a miss or a stale entry; the flow hash picks the table's set. */
+	fhash = xdplb_flow_hash((const __u32 *)&pkt.flow, cfg->hash_seed);
+	if (!lb_conn_lookup(&pkt, fhash, &tgt)) {
+		rc = lb_table_lookup(&pkt, vip, cfg, fhash, &tgt);
 		if (rc >= 0)
 			return rc;
 		new_flow = 1;

@@ -12,11 +12,14 @@
 #define XDPLB_ABI_H
 
 #include <linux/types.h>
+#include <linux/bpf.h>	/* struct bpf_spin_lock */
 
 #define XDPLB_MAX_VIPS		512
 #define XDPLB_MAX_BACKENDS	4096
 #define XDPLB_MAX_HOPS		2
 #define XDPLB_CONN_ENTRIES	262144
+#define XDPLB_CONN_WAYS		4
+#define XDPLB_CONN_SETS		(XDPLB_CONN_ENTRIES / XDPLB_CONN_WAYS)	/* a power of 2 */
 #define XDPLB_DEFAULT_TABLE	65537
 #define XDPLB_GUE_PORT		19523	/* glb-director's default */
 #define XDPLB_MAX_HOST_ADDRS	64
@@ -83,10 +86,30 @@ struct xdplb_flow_key {
 	__u8 pad[3];
 };
 
-/* lb_conns value. */
-struct xdplb_conn {
-	__u32 backend_id;
-	__u32 hash;		/* flow hash, kept so a hit needs no rehash (GUE source port) */
+/*
+ * The connection table lb_conns is set-associative: an ARRAY of
+ * XDPLB_CONN_SETS sets, the set of a flow being
+ * xdplb_flow_hash(key, hash_seed) & (XDPLB_CONN_SETS - 1), each holding
+ * XDPLB_CONN_WAYS flows.  Everything a lookup miss reads is in the set's first
+ * 64 bytes (tags, backend ids, LRU ranks); each way's key has a cache line
+ * of its own.  Writers hold the set's lock and make seq odd while they write
+ * (a seqcount): the data path reads without the lock and counts a read that
+ * saw seq odd or changed as a miss.  User space copies sets with BPF_F_LOCK.
+ */
+struct xdplb_conn_slot {
+	struct xdplb_flow_key key;
+	__u8 pad[24];		/* one cache line per way */
+};
+
+struct xdplb_conn_set {
+	struct bpf_spin_lock lock;
+	__u8 rank[XDPLB_CONN_WAYS];	/* LRU position of each way, 0 = most recent */
+	__u32 tag[XDPLB_CONN_WAYS];	/* flow hash (seeded 5-tuple jhash) of the way's key */
+	__u32 backend_id[XDPLB_CONN_WAYS];	/* 0: the way is empty */
+	__u32 hash[XDPLB_CONN_WAYS];	/* the flow's table hash, kept so a hit needs no rehash */
+	__u32 seq;			/* odd while a writer changes the set */
+	__u32 pad;
+	struct xdplb_conn_slot slot[XDPLB_CONN_WAYS];
 };
 
 /* One bucket of a lookup table (inner map of lb_tables). */

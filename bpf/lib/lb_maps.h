@@ -70,15 +70,18 @@ struct {
 } lb_tables SEC(".maps");
 
 /*
- * 5-tuple -> backend.  BPF_F_NO_COMMON_LRU: per-CPU LRU lists, so a new-flow
- * flood on one CPU does not take a global lock on every insert.
+ * 5-tuple -> backend: a set-associative cache (struct xdplb_conn_set,
+ * lib/lb_conns.h).  An ARRAY, not an LRU_HASH: an insert into a full LRU
+ * touches several cold nodes (~490 ns here); here it touches the set's first
+ * line and the victim way's key line.  BPF_F_MMAPABLE only for the layout:
+ * it page-aligns the values, so a set's lines are the cache's lines.
  */
 struct {
-	__uint(type, BPF_MAP_TYPE_LRU_HASH);
-	__uint(max_entries, XDPLB_CONN_ENTRIES);
-	__uint(map_flags, BPF_F_NO_COMMON_LRU);
-	__type(key, struct xdplb_flow_key);
-	__type(value, struct xdplb_conn);
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__uint(max_entries, XDPLB_CONN_SETS);
+	__uint(map_flags, BPF_F_MMAPABLE);
+	__type(key, __u32);
+	__type(value, struct xdplb_conn_set);
 	__uint(pinning, LIBBPF_PIN_BY_NAME);
 } lb_conns SEC(".maps");
 

@@ -14,13 +14,14 @@
 #include "lib/lb_maps.h"
 #include "lib/counters.h"
 #include "lib/lb_parse.h"
+#include "lib/lb_conns.h"
 
 /*
  * Bounded connection-table writes (DESIGN.md, "bounded writes under a
  * new-connection flood", as Katran does): past LB_FLOOD_MAX new flows in one
  * LB_FLOOD_WINDOW on a CPU, new flows are still balanced by the table but not
- * recorded.  An insert into a full LRU evicts a cold entry and costs ~300 ns of
- * cache misses here; a flood would spend that on flows that never come back.
+ * recorded.  An insert evicts a cold entry and costs a cache miss or two; a
+ * flood would spend that (and the table) on flows that never come back.
  */
 #define LB_FLOOD_WINDOW	(100 * 1000 * 1000ULL)	/* ns */
 #define LB_FLOOD_MAX	12500			/* per window per CPU: 125k/s */
@@ -94,38 +95,43 @@ static __always_inline const struct xdplb_backend *lb_backend(__u32 id)
 	return be;
 }
 
-/* Step 8.  Returns 1 on a usable hit (tgt filled in), 0 otherwise. */
-static __always_inline int lb_conn_lookup(const struct lb_pkt *pkt, struct lb_target *tgt)
+/*
+ * Step 8.  fhash is xdplb_flow_hash(&pkt->flow, seed): the set and the tag.
+ * Returns 1 on a usable hit (tgt filled in), 0 otherwise.
+ */
+static __always_inline int lb_conn_lookup(const struct lb_pkt *pkt, __u32 fhash,
+					  struct lb_target *tgt)
 {
-	const struct xdplb_conn *conn;
+	__u32 be_id = 0, hash = 0;
 
-	conn = bpf_map_lookup_elem(&lb_conns, &pkt->flow);
-	if (!conn)
+	if (!lb_conn_get(fhash, &pkt->flow, &be_id, &hash))
 		return 0;
-	tgt->be = lb_backend(conn->backend_id);
+	tgt->be = lb_backend(be_id);
 	if (!tgt->be) {
 		/* Backend went away: re-hash, and the insert below replaces this entry. */
 		lb_count_event(XDPLB_EV_CONN_STALE);
 		return 0;
 	}
-	tgt->be_id = conn->backend_id;
-	tgt->hash = conn->hash;
+	tgt->be_id = be_id;
+	tgt->hash = hash;
 	lb_count_event(XDPLB_EV_CONN_HIT);
 	return 1;
 }
 
-/* Step 9, with XDPLB_VIP_F_SRC_HASH: everything but src hashed as zero. */
+/*
+ * Step 9's hash: the flow hash, or with XDPLB_VIP_F_SRC_HASH everything but
+ * src hashed as zero.
+ */
 static __always_inline __u32 lb_flow_hash(const struct lb_pkt *pkt,
-					  const struct xdplb_vip_info *vip, __u32 seed)
+					  const struct xdplb_vip_info *vip, __u32 seed,
+					  __u32 fhash)
 {
 	struct xdplb_flow_key src_only = {};
-	const void *key = &pkt->flow;
 
-	if (vip->flags & XDPLB_VIP_F_SRC_HASH) {
-		__builtin_memcpy(src_only.src, pkt->flow.src, sizeof(src_only.src));
-		key = &src_only;
-	}
-	return xdplb_flow_hash(key, seed);
+	if (!(vip->flags & XDPLB_VIP_F_SRC_HASH))
+		return fhash;
+	__builtin_memcpy(src_only.src, pkt->flow.src, sizeof(src_only.src));
+	return xdplb_flow_hash((const __u32 *)&src_only, seed);
 }
 
 /*
@@ -134,17 +140,16 @@ static __always_inline __u32 lb_flow_hash(const struct lb_pkt *pkt,
  */
 static __always_inline int lb_table_lookup(const struct lb_pkt *pkt,
 					   const struct xdplb_vip_info *vip,
-					   const struct xdplb_config *cfg,
+					   const struct xdplb_config *cfg, __u32 fhash,
 					   struct lb_target *tgt)
 {
 	const struct xdplb_bucket *bucket;
-	struct xdplb_conn conn;
 	__u32 vip_id = vip->vip_id;
 	__u32 size = vip->table_size;
 	__u32 idx;
 	void *table;
 
-	tgt->hash = lb_flow_hash(pkt, vip, cfg->hash_seed);
+	tgt->hash = lb_flow_hash(pkt, vip, cfg->hash_seed, fhash);
 	table = bpf_map_lookup_elem(&lb_tables, &vip_id);
 	/* A zero size would make '%' keep the hash (BPF's x % 0 == x): no table either. */
 	if (!table || !size)
@@ -170,14 +175,11 @@ static __always_inline int lb_table_lookup(const struct lb_pkt *pkt,
 			tgt->be2 = be2;
 	}
 
-	if (!lb_under_flood()) {
-		conn.backend_id = tgt->be_id;
-		conn.hash = tgt->hash;
-		/* Best effort: a full LRU evicts; a failed insert only costs a rehash later. */
-		bpf_map_update_elem(&lb_conns, &pkt->flow, &conn, BPF_ANY);
-	} else {
+	/* Best effort: a full set evicts its least recently used way. */
+	if (!lb_under_flood())
+		lb_conn_put(fhash, &pkt->flow, tgt->be_id, tgt->hash);
+	else
 		lb_count_event(XDPLB_EV_CONN_FLOOD);
-	}
 	lb_count_event(XDPLB_EV_CONN_MISS);
 	return -1;
 }

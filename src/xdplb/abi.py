@@ -20,6 +20,8 @@ MAX_VIPS = 512
 MAX_BACKENDS = 4096
 MAX_HOPS = 2
 CONN_ENTRIES = 262144
+CONN_WAYS = 4
+CONN_SETS = CONN_ENTRIES // CONN_WAYS
 DEFAULT_TABLE_SIZE = 65537
 GUE_PORT = 19523
 MAX_HOST_ADDRS = 64
@@ -175,9 +177,25 @@ class FlowKey(_Struct):
         )
 
 
-class Conn(_Struct):
-    c_name = "xdplb_conn"
-    _fields_ = [("backend_id", ctypes.c_uint32), ("hash", ctypes.c_uint32)]
+class ConnSlot(_Struct):
+    c_name = "xdplb_conn_slot"
+    _fields_ = [("key", FlowKey), ("pad", ctypes.c_uint8 * 24)]
+
+
+class ConnSet(_Struct):
+    """One set of the connection table (``lb_conns`` value); see datapath/conns.py."""
+
+    c_name = "xdplb_conn_set"
+    _fields_ = [
+        ("lock", ctypes.c_uint32),  # struct bpf_spin_lock
+        ("rank", ctypes.c_uint8 * CONN_WAYS),
+        ("tag", ctypes.c_uint32 * CONN_WAYS),
+        ("backend_id", ctypes.c_uint32 * CONN_WAYS),
+        ("hash", ctypes.c_uint32 * CONN_WAYS),
+        ("seq", ctypes.c_uint32),
+        ("pad", ctypes.c_uint32),
+        ("slot", ConnSlot * CONN_WAYS),
+    ]
 
 
 class Bucket(_Struct):
@@ -230,7 +248,8 @@ STRUCTS: tuple[type[_Struct], ...] = (
     VipInfo,
     Backend,
     FlowKey,
-    Conn,
+    ConnSlot,
+    ConnSet,
     Bucket,
     Config,
     Stats,

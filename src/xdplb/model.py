@@ -199,7 +199,8 @@ class LbConfig:
 
 @dataclass(frozen=True)
 class ConnEntry:
-    """An ``lb_conns`` value (``struct xdplb_conn``)."""
+    """An entry of ``lb_conns`` (one way of a ``struct xdplb_conn_set``;
+    ``xdplb.datapath.conns`` translates the sets to and from key -> entry)."""
 
     backend_id: int
     #: The flow hash computed when the entry was made: reused for the GUE source port.

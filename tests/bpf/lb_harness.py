@@ -19,6 +19,8 @@ import numpy as np
 
 from xdplb import abi
 from xdplb.datapath import BPF_F_INNER_MAP, BpfObject, Map, MapType, TestRunResult
+from xdplb.datapath.conns import ConnTable
+from xdplb.model import ConnEntry
 
 CLONE_NEWNET = 0x40000000
 _libc = ctypes.CDLL(None, use_errno=True)
@@ -136,10 +138,11 @@ class Lb:
 
     def reset(self) -> None:
         """Empty every map, then install the fixture configuration."""
-        for name in ("lb_vips", "lb_vip_addrs", "lb_conns"):
+        for name in ("lb_vips", "lb_vip_addrs"):
             m = self.obj.map(name)
             for key in list(m.keys()):
                 m.delete(key)
+        ConnTable(self.obj.map("lb_conns")).flush()
         # Every lb_tables write waits for an RCU grace period (map-in-map): rewrite only
         # the tables a test changed.
         wanted = {v.id: (v.backends, v.second) for v in fx.VIPS.values() if v.backends}
@@ -214,10 +217,10 @@ class Lb:
             {b: _sum_stats(bs, b) for b in fx.BACKENDS},
         )
 
-    def conn(self, frame: bytes) -> abi.Conn | None:
+    def conn(self, frame: bytes) -> ConnEntry | None:
         """The connection-table entry of a frame's flow, if any."""
         src, dst, sport, dport, proto, _ = fx.flow_of(frame)
-        raw = self.obj.map("lb_conns").lookup(abi.FlowKey.make(src, dst, sport, dport, proto))
-        if raw is None:
-            return None
-        return abi.Conn.from_buffer_copy(raw)
+        key = abi.FlowKey.make(src, dst, sport, dport, proto).pack()
+        cfg = abi.Config.from_buffer_copy(self.obj.map("lb_config").lookup(_u32(0)) or bytes(28))
+        entry = ConnTable(self.obj.map("lb_conns")).get(key, cfg.hash_seed)
+        return None if entry is None else ConnEntry(*entry)

@@ -29,6 +29,7 @@ import pytest
 
 from xdplb import abi, model
 from xdplb.datapath import BPF_F_INNER_MAP, BpfObject, Map, MapType
+from xdplb.datapath.conns import ConnTable
 from xdplb.datapath.testrun import TestRunResult
 
 pytestmark = [
@@ -97,10 +98,11 @@ class ModelLb:
     def load_state(self, state: model.DataplaneState) -> None:
         """Write every map the model reads; whatever was there before is removed."""
         obj = self.obj
-        for name in ("lb_vips", "lb_vip_addrs", "lb_conns"):
+        for name in ("lb_vips", "lb_vip_addrs"):
             m = obj.map(name)
             for key in list(m.keys()):
                 m.delete(key)
+        ConnTable(obj.map("lb_conns")).flush()
         vips = obj.map("lb_vips")
         for vip, params in state.vips.items():
             vips.update(vip.abi_key().pack(), params.abi_value().pack())
@@ -123,9 +125,9 @@ class ModelLb:
         self.inner_maps = []
         for vid, table in state.tables.items():
             self.set_table(vid, table)
-        conns = obj.map("lb_conns")
+        conns = ConnTable(obj.map("lb_conns"))
         for key, entry in state.conns.items():
-            conns.update(key, struct.pack("<II", entry.backend_id, entry.hash))
+            conns.put(key, entry.backend_id, entry.hash, state.config.seed)
 
     def set_table(self, vip_id: int, table: model.LookupTable) -> None:
         """A new inner map, filled, then swapped into lb_tables in one update."""
@@ -154,10 +156,9 @@ class ModelLb:
         return (int(total[0]), int(total[1]), int(total[2]))
 
     def conns(self) -> dict[bytes, model.ConnEntry]:
-        keys, values, n = self.obj.map("lb_conns").lookup_batch()
         return {
-            keys[i * 40 : i * 40 + 40]: model.ConnEntry(*struct.unpack_from("<II", values, i * 8))
-            for i in range(n)
+            key: model.ConnEntry(be, h)
+            for key, (be, h) in ConnTable(self.obj.map("lb_conns")).entries().items()
         }
 
 

@@ -40,6 +40,7 @@ from test_differential import (  # the harness and lab of the differential test
 )
 
 from xdplb import abi, model
+from xdplb.datapath.conns import ConnTable
 
 pytestmark = [
     pytest.mark.bpf,
@@ -51,7 +52,7 @@ __all__ = ["mlb"]  # the fixture, re-exported so that pytest finds it here
 CORPUS_SEED = 0xBAD5EED
 MIN_CORPUS = 100_000
 #: The connection table is emptied (here and in the model) every CHUNK frames, so that
-#: no LRU eviction (per-CPU lists: CONN_ENTRIES / ncpus each) can make them disagree.
+#: no eviction (a set of the table holds CONN_WAYS flows) can make them disagree.
 CHUNK = 2048
 
 Frame = tuple[str, bytes]  # (category, frame)
@@ -264,9 +265,7 @@ def inner_is_valid(out: bytes) -> str | None:
 
 
 def clear_conns(mlb: ModelLb, conns: dict[bytes, model.ConnEntry]) -> None:
-    m = mlb.obj.map("lb_conns")
-    for key in list(m.keys()):
-        m.delete(key)
+    ConnTable(mlb.obj.map("lb_conns")).flush()
     conns.clear()
 
 

@@ -20,6 +20,7 @@ from pathlib import Path
 import numpy as np
 
 from xdplb import abi, paths
+from xdplb.datapath.conns import ConnTable
 from xdplb.datapath.links import Link, XdpMode, attach_xdp
 from xdplb.datapath.maps import BPF_F_INNER_MAP, Map, MapType
 from xdplb.datapath.objects import BpfObject
@@ -90,6 +91,11 @@ class LbMaps:
     def __getitem__(self, name: str) -> Map:
         return self.maps[name]
 
+    @property
+    def conns(self) -> ConnTable:
+        """The connection table (``lb_conns``, set-associative)."""
+        return ConnTable(self["lb_conns"])
+
     def close(self) -> None:
         for m in self.maps.values():
             m.close()
@@ -159,7 +165,7 @@ class LbMaps:
             return sum(struct.unpack("<Q", raw)[0] for raw in m.lookup_percpu(_u32(idx)))
 
         snap = self.snapshot()
-        _, _, conns = self["lb_conns"].lookup_batch()
+        conns = self.conns.count()
         return Counters(
             drops={r: u64(self["lb_drops"], r) for r in abi.DropReason},
             events={e: u64(self["lb_events"], e) for e in abi.Event},
@@ -227,11 +233,7 @@ class LbMaps:
 
     def flush_conns(self) -> int:
         """Empty the connection table (as if another LB node took over); returns entries."""
-        m = self["lb_conns"]
-        keys = list(m.keys())
-        for k in keys:
-            m.delete(k)
-        return len(keys)
+        return self.conns.flush()
 
 
 def _vip_key(key: VipKey) -> bytes:

@@ -88,6 +88,7 @@ int bpf_map_create(enum bpf_map_type map_type, const char *map_name, __u32 key_s
                    __u32 value_size, __u32 max_entries, const struct bpf_map_create_opts *opts);
 int bpf_map_update_elem(int fd, const void *key, const void *value, __u64 flags);
 int bpf_map_lookup_elem(int fd, const void *key, void *value);
+int bpf_map_lookup_elem_flags(int fd, const void *key, void *value, __u64 flags);
 int bpf_map_delete_elem(int fd, const void *key);
 int bpf_map_get_next_key(int fd, const void *key, void *next_key);
 int bpf_map_lookup_batch(int fd, void *in_batch, void *out_batch, void *keys, void *values,

@@ -33,6 +33,7 @@ if TYPE_CHECKING:
 BPF_ANY = 0
 BPF_NOEXIST = 1
 BPF_EXIST = 2
+BPF_F_LOCK = 4  # element flag: copy the value under its bpf_spin_lock
 
 BPF_F_NO_PREALLOC = 1 << 0
 BPF_F_RDONLY_PROG = 1 << 7
@@ -211,10 +212,10 @@ class Map:
             raise ValueError(f"map {self.name}: key is {len(buf)} bytes, want {self.key_size}")
         return buf
 
-    def lookup(self, key: BytesLike) -> bytes | None:
+    def lookup(self, key: BytesLike, flags: int = 0) -> bytes | None:
         """The value at ``key``, or None. Per-CPU maps return every CPU's value, raw."""
         value = ffi.new("char[]", self.value_stride)
-        ret = lib.bpf_map_lookup_elem(self._fd, self._key(key), value)
+        ret = lib.bpf_map_lookup_elem_flags(self._fd, self._key(key), value, flags)
         if ret == -errno.ENOENT:
             return None
         check(ret, f"bpf_map_lookup_elem({self.name})")
@@ -291,8 +292,10 @@ class Map:
         ret = lib.bpf_map_update_batch(self._fd, kbuf, vbuf, n, opts)
         check(ret, f"bpf_map_update_batch({self.name}, {n[0]}/{count} done)")
 
-    def lookup_batch(self) -> tuple[bytes, bytes, int]:
-        """The whole map: (concatenated keys, concatenated values, count)."""
+    def lookup_batch(self, flags: int = 0) -> tuple[bytes, bytes, int]:
+        """The whole map: (concatenated keys, concatenated values, count).
+
+        ``flags`` are element flags (BPF_F_LOCK)."""
         ks, vs, cap = self.key_size, self.value_stride, self.max_entries
         keys = ffi.new("char[]", cap * ks)
         values = ffi.new("char[]", cap * vs)
@@ -301,7 +304,7 @@ class Map:
         out_token = ffi.new("char[]", token_size)
         in_token = ffi.new("char[]", token_size)
         cursor: Any = ffi.NULL
-        opts = new_opts("bpf_map_batch_opts")
+        opts = new_opts("bpf_map_batch_opts", elem_flags=flags)
         total = 0
         while total < cap:
             n = ffi.new("__u32 *", cap - total)
@@ -320,8 +323,9 @@ class Map:
         if self.type not in _ARRAYS or self.key_size != 4:
             raise ValueError(f"map {self.name} is not an array map ({self.type.name})")
 
-    def update_array(self, values: BytesLike) -> None:
-        """Write indices 0..n-1 from n packed values, in one bpf_map_update_batch call.
+    def update_array(self, values: BytesLike, flags: int = 0) -> None:
+        """Write indices 0..n-1 from n packed values, in one bpf_map_update_batch call
+        (``flags``: element flags, BPF_F_LOCK).
 
         Not atomic with respect to the data path: swap whole tables for that.
         """
@@ -334,10 +338,10 @@ class Map:
                 f"with n <= {self.max_entries}"
             )
         if count:
-            self.update_batch(numpy.arange(count, dtype=numpy.uint32), values, count)
+            self.update_batch(numpy.arange(count, dtype=numpy.uint32), values, count, flags)
 
-    def lookup_array(self) -> bytes:
+    def lookup_array(self, flags: int = 0) -> bytes:
         """Every value of an array map, indices 0..max_entries-1, concatenated."""
         self._require_array()
-        _, values, _ = self.lookup_batch()
+        _, values, _ = self.lookup_batch(flags)
         return values

@@ -22,7 +22,6 @@ import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from types import FrameType
 
-
 #: <linux/in.h>; Python's socket module has it only from 3.12.
 IP_PKTINFO = getattr(socket, "IP_PKTINFO", 8)
 

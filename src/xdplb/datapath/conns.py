@@ -1,0 +1,127 @@
+"""``lb_conns`` from user space: the set-associative connection table.
+
+lb_xdp keeps flows in an ARRAY of ``abi.CONN_SETS`` sets (``struct xdplb_conn_set``), the
+set of a flow being ``flow_hash(key, hash_seed) & (CONN_SETS - 1)``, each set holding
+``abi.CONN_WAYS`` flows with an LRU rank per way (``bpf/lib/lb_conns.h``). This module
+turns that into what the rest of the code wants, a mapping of flow key bytes ->
+(backend id, hash), and writes entries the way lb_xdp does. Every access copies whole sets
+with ``BPF_F_LOCK``, so it never sees (or leaves) a half-written set. lb_xdp reads sets
+without the lock, validating with the set's ``seq``; a ``BPF_F_LOCK`` copy cannot order its
+stores for such a reader, so :meth:`ConnTable.put` (a read-modify-write, not atomic against
+the data path either) is for tests and tools, not for a table carrying traffic.
+:meth:`ConnTable.flush` is safe under traffic: a read that sees part of an entry zeroed is
+a miss (backend 0, tag or key not matching), or at worst carries a zero hash.
+"""
+
+from __future__ import annotations
+
+import ctypes
+
+import numpy as np
+import numpy.typing as npt
+
+from xdplb import abi, hashing
+from xdplb.datapath.maps import BPF_F_LOCK, Map
+
+WAYS = abi.CONN_WAYS
+SETS = abi.CONN_SETS
+SET_SIZE = ctypes.sizeof(abi.ConnSet)
+_KEY = hashing.FLOW_KEY_SIZE
+
+#: ``struct xdplb_conn_set`` as a numpy record (offsets from the ctypes mirror).
+SET_DTYPE = np.dtype(
+    {
+        "names": ["rank", "tag", "backend_id", "hash", "slot"],
+        "formats": [
+            ("u1", WAYS),
+            ("<u4", WAYS),
+            ("<u4", WAYS),
+            ("<u4", WAYS),
+            (("V", ctypes.sizeof(abi.ConnSlot)), WAYS),
+        ],
+        "offsets": [
+            getattr(abi.ConnSet, f).offset for f in ("rank", "tag", "backend_id", "hash", "slot")
+        ],
+        "itemsize": SET_SIZE,
+    }
+)
+
+
+def set_index(key: bytes, seed: int) -> int:
+    """The set of a flow key (40 bytes) under ``hash_seed`` ``seed``."""
+    return hashing.flow_hash(key, seed) & (SETS - 1)
+
+
+class ConnTable:
+    """The ``lb_conns`` map of an instance."""
+
+    def __init__(self, m: Map) -> None:
+        if m.value_size != SET_SIZE or m.max_entries != SETS:
+            raise ValueError(f"{m!r} is not a connection table of {SETS} sets of {SET_SIZE} bytes")
+        self.map = m
+
+    def sets(self) -> npt.NDArray[np.void]:
+        """Every set, as records of :data:`SET_DTYPE`."""
+        return np.frombuffer(self.map.lookup_array(BPF_F_LOCK), dtype=SET_DTYPE)
+
+    def count(self) -> int:
+        """Entries in the table."""
+        return int(np.count_nonzero(self.sets()["backend_id"]))
+
+    def entries(self) -> dict[bytes, tuple[int, int]]:
+        """Flow key -> (backend id, hash), for every entry."""
+        sets = self.sets()
+        out: dict[bytes, tuple[int, int]] = {}
+        for s, w in zip(*np.nonzero(sets["backend_id"]), strict=True):
+            rec = sets[s]
+            out[bytes(rec["slot"][w])[:_KEY]] = (int(rec["backend_id"][w]), int(rec["hash"][w]))
+        return out
+
+    def _read(self, idx: int) -> abi.ConnSet:
+        raw = self.map.lookup(idx.to_bytes(4, "little"), BPF_F_LOCK)
+        assert raw is not None  # an array index below max_entries
+        return abi.ConnSet.from_buffer_copy(raw)
+
+    def get(self, key: bytes, seed: int) -> tuple[int, int] | None:
+        """(backend id, hash) of a flow, or None; does not refresh it (lb_xdp does)."""
+        st = self._read(set_index(key, seed))
+        w = _find(st, key, hashing.flow_hash(key, seed))
+        return None if w is None else (st.backend_id[w], st.hash[w])
+
+    def put(self, key: bytes, backend_id: int, hash_: int, seed: int) -> None:
+        """Record a flow as lb_xdp would (replace, else an empty way, else evict the LRU)."""
+        if not backend_id:
+            raise ValueError("backend id 0 marks an empty way")
+        idx = set_index(key, seed)
+        fhash = hashing.flow_hash(key, seed)
+        st = self._read(idx)
+        w = _find(st, key, fhash)
+        rank = WAYS - 1
+        if w is not None:
+            rank = st.rank[w]
+        else:
+            empty = [i for i in range(WAYS) if not st.backend_id[i]]
+            w = empty[0] if empty else max(range(WAYS), key=lambda i: (st.rank[i], -i))
+        st.tag[w] = fhash
+        st.backend_id[w] = backend_id
+        st.hash[w] = hash_
+        ctypes.memmove(ctypes.addressof(st.slot[w].key), key, _KEY)
+        for i in range(WAYS):
+            if st.rank[i] < rank:
+                st.rank[i] += 1
+        st.rank[w] = 0
+        st.seq = (st.seq + 2) & 0xFFFFFFFF
+        self.map.update(idx.to_bytes(4, "little"), st.pack(), BPF_F_LOCK)
+
+    def flush(self) -> int:
+        """Empty the table (each set zeroed under its lock); returns the entries it held."""
+        n = self.count()
+        self.map.update_array(bytes(SETS * SET_SIZE), BPF_F_LOCK)
+        return n
+
+
+def _find(st: abi.ConnSet, key: bytes, fhash: int) -> int | None:
+    for i in range(WAYS):
+        if st.tag[i] == fhash and st.backend_id[i] and bytes(st.slot[i].key) == key:
+            return i
+    return None
