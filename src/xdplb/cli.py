@@ -127,19 +127,16 @@ def _status_data(name: str) -> dict[str, Any]:
         snap = maps.snapshot()
         counters = maps.counters()
         vips = []
-        for (addr, port, proto), st in sorted(snap.vips.items(), key=lambda kv: kv[1].vip_id):
-            table = maps.table(st.vip_id)
-            share: dict[int, int] = {}
-            if table is not None:
-                ids, counts = _unique(table[:, 0])
-                share = dict(zip(ids, counts, strict=True))
+        for vip, st in sorted(snap.vips.items(), key=lambda kv: kv[1].vip_id):
+            table = snap.tables.get(st.vip_id)
+            share = table.counts() if table is not None else {}
             s = counters.vips.get(st.vip_id, abi.Stats())
             vips.append(
                 {
                     "id": st.vip_id,
-                    "address": str(addr),
-                    "port": port,
-                    "protocol": "tcp" if proto == abi.IPPROTO_TCP else "udp",
+                    "address": str(vip.addr),
+                    "port": vip.port,
+                    "protocol": "tcp" if vip.proto == abi.IPPROTO_TCP else "udp",
                     "encap": st.encap.name.lower(),
                     "hash": "source" if st.flags & abi.VIP_F_SRC_HASH else "5tuple",
                     "table_size": st.table_size,
@@ -155,7 +152,7 @@ def _status_data(name: str) -> dict[str, Any]:
             backends.append(
                 {
                     "id": bid,
-                    "address": str(b.address),
+                    "address": str(b.addr),
                     "active": b.active,
                     "packets": s.packets,
                     "bytes": s.bytes,
@@ -175,13 +172,6 @@ def _status_data(name: str) -> dict[str, Any]:
         }
     finally:
         maps.close()
-
-
-def _unique(a: Any) -> tuple[list[int], list[int]]:
-    import numpy as np
-
-    ids, counts = np.unique(a, return_counts=True)
-    return [int(i) for i in ids], [int(c) for c in counts]
 
 
 @app.command()

@@ -77,18 +77,15 @@ def _run(label: str, ports: range, fn: Callable[[int], str]) -> dict[int, str]:
 
 
 def _shares(lb: LbNode) -> dict[str, float]:
-    """Table share per backend name for the TCP VIP, from the live maps."""
+    """Table share per backend address for the TCP VIP, from the live maps."""
     maps = lb.maps()
     try:
         snap = maps.snapshot()
-        vip = next(st for (a, p, _), st in snap.vips.items() if str(a) == VIP4 and p == 80)
-        table = maps.table(vip.vip_id)
     finally:
         maps.close()
-    assert table is not None
-    counts = Counter(int(i) for i in table[:, 0])
-    by_id = {i: str(b.address) for i, b in snap.backends.items()}
-    return {by_id[i]: c / len(table) for i, c in counts.items()}
+    vip_id = next(p.vip_id for v, p in snap.vips.items() if str(v.addr) == VIP4 and v.port == 80)
+    table = snap.tables[vip_id]
+    return {str(snap.backends[i].addr): c / len(table) for i, c in table.counts().items()}
 
 
 def _table(title: str, lab: Lab, lb: LbNode, landed: dict[str, Counter[str]]) -> Table:

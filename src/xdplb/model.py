@@ -34,7 +34,15 @@ import numpy as np
 import numpy.typing as npt
 
 from xdplb import abi, hashing
-from xdplb.planner import Snapshot
+from xdplb.state import (
+    BackendState,
+    ConnEntry,
+    LbConfig,
+    LookupTable,
+    Snapshot,
+    Vip,
+    VipParams,
+)
 
 IPAddress = abi.IPAddress
 U32Array = npt.NDArray[np.uint32]
@@ -87,124 +95,8 @@ class Outcome(enum.Enum):
 
 
 # ---------------------------------------------------------------------------
-# The state: what lb_xdp's maps hold
+# Flows and the model's state (the map types themselves are in xdplb.state)
 # ---------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class Vip:
-    """An ``lb_vips`` key: (address, port, protocol); ``port == 0`` is the wildcard."""
-
-    addr: IPAddress
-    #: Host order; 0 matches every port of (addr, proto) that has no exact entry.
-    port: int
-    #: ``IPPROTO_TCP`` or ``IPPROTO_UDP``.
-    proto: int
-
-    def abi_key(self) -> abi.VipKey:
-        """The C key, for writing this VIP into the real map."""
-        return abi.VipKey.make(self.addr, self.port, self.proto)
-
-
-@dataclass(frozen=True)
-class VipParams:
-    """An ``lb_vips`` value (``struct xdplb_vip_info``)."""
-
-    #: Index into ``lb_tables`` and ``lb_vip_stats``.
-    vip_id: int
-    #: ``abi.VIP_F_*``; ``VIP_F_SRC_HASH`` hashes the source address only.
-    flags: int = 0
-    #: Buckets of the VIP's table: the hash is taken modulo this, not modulo the
-    #: inner map's real size (a bucket beyond the inner map is "missing"); 0 counts
-    #: as "no table".
-    table_size: int = abi.DEFAULT_TABLE_SIZE
-    encap: abi.Encap = abi.Encap.GUE
-    table_kind: abi.TableKind = abi.TableKind.MAGLEV
-
-    def abi_value(self) -> abi.VipInfo:
-        return abi.VipInfo(self.vip_id, self.flags, self.table_size, self.encap, self.table_kind)
-
-
-@dataclass(frozen=True)
-class BackendState:
-    """An ``lb_backends`` slot (``struct xdplb_backend``)."""
-
-    #: Tunnel endpoint; its family is the outer header's family.
-    addr: IPAddress
-    #: ``XDPLB_BACKEND_F_ACTIVE``: an inactive slot is never chosen by the table and
-    #: turns a connection-table hit into ``CONN_STALE``.
-    active: bool = True
-
-    def abi_value(self) -> abi.Backend:
-        return abi.Backend.make(self.addr, abi.BACKEND_F_ACTIVE if self.active else 0)
-
-
-@dataclass(frozen=True, eq=False)
-class LookupTable:
-    """A VIP's inner table of ``lb_tables``: bucket i holds ``(first[i], second[i])``.
-
-    ``second`` is None for a table with no second hops (Maglev); a second hop of 0
-    means "none" in C too.  The arrays are made read-only: tables are replaced,
-    never edited (docs/datapath.md), and the model may be shared.
-    """
-
-    first: U32Array
-    second: U32Array | None = None
-
-    def __post_init__(self) -> None:
-        first = np.ascontiguousarray(self.first, dtype=np.uint32)
-        first.flags.writeable = False
-        object.__setattr__(self, "first", first)
-        if self.second is not None:
-            second = np.ascontiguousarray(self.second, dtype=np.uint32)
-            if second.shape != first.shape:
-                raise ValueError(
-                    f"second hops {second.shape} do not match first hops {first.shape}"
-                )
-            second.flags.writeable = False
-            object.__setattr__(self, "second", second)
-
-    def __len__(self) -> int:
-        return int(self.first.shape[0])
-
-    def buckets(self) -> bytes:
-        """The inner map's contents as ``struct xdplb_bucket[]`` (one batch update)."""
-        second = self.second if self.second is not None else np.zeros_like(self.first)
-        return np.stack([self.first, second], axis=1).astype("<u4").tobytes()
-
-
-@dataclass(frozen=True)
-class LbConfig:
-    """``lb_config[0]`` (``struct xdplb_config``)."""
-
-    #: Outer source for IPv4 tunnels; None (all zero in C) makes them drop ``NO_CONFIG``.
-    src4: ipaddress.IPv4Address | None
-    #: Outer source for IPv6 tunnels; None likewise.
-    src6: ipaddress.IPv6Address | None
-    #: GUE destination UDP port, host order.
-    gue_port: int = abi.GUE_PORT
-    #: The flow hash's seed (``hash_seed``).
-    seed: int = 0
-
-    def abi_value(self) -> abi.Config:
-        cfg = abi.Config()
-        if self.src4 is not None:
-            cfg.src4 = abi.addr_words(self.src4)[0]
-        if self.src6 is not None:
-            cfg.src6[:] = abi.addr_words(self.src6)
-        cfg.gue_port = int.from_bytes(self.gue_port.to_bytes(2, "big"), "little")
-        cfg.hash_seed = self.seed
-        return cfg
-
-
-@dataclass(frozen=True)
-class ConnEntry:
-    """An entry of ``lb_conns`` (one way of a ``struct xdplb_conn_set``;
-    ``xdplb.datapath.conns`` translates the sets to and from key -> entry)."""
-
-    backend_id: int
-    #: The flow hash computed when the entry was made: reused for the GUE source port.
-    hash: int
 
 
 @dataclass(frozen=True)
@@ -910,20 +802,10 @@ def state_from_snapshot(
 ) -> DataplaneState:
     """The model's input from a snapshot of the real maps (``LbMaps.snapshot()``)."""
     return DataplaneState(
-        vips={
-            Vip(addr, port, proto): VipParams(
-                st.vip_id, st.flags, st.table_size, st.encap, st.table_kind
-            )
-            for (addr, port, proto), st in snap.vips.items()
-        },
-        backends={i: BackendState(b.address, b.active) for i, b in snap.backends.items()},
-        tables={
-            vip_id: LookupTable(buckets[:, 0], buckets[:, 1] if buckets[:, 1].any() else None)
-            for vip_id, buckets in snap.tables.items()
-        },
-        config=LbConfig(
-            snap.tunnel.src4, snap.tunnel.src6, snap.tunnel.gue_port, snap.tunnel.hash_seed
-        ),
-        conns=dict(conns or {}),
-        vip_addrs=frozenset(snap.vip_addrs),
+        snap.vips,
+        snap.backends,
+        snap.tables,
+        snap.config,
+        dict(conns or {}),
+        frozenset(snap.vip_addrs),
     )

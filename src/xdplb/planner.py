@@ -20,65 +20,21 @@ from __future__ import annotations
 
 import ipaddress
 from collections.abc import Iterable
-from dataclasses import dataclass, field, replace
-
-import numpy as np
-import numpy.typing as npt
+from dataclasses import dataclass, replace
 
 from xdplb import abi, maglev
 from xdplb.config import Config, HashFields, VipConfig
+from xdplb.state import BackendState, LbConfig, LookupTable, Snapshot, Vip, VipParams
 
 IPAddress = ipaddress.IPv4Address | ipaddress.IPv6Address
-VipKey = tuple[IPAddress, int, int]  # address, port (0: wildcard), IP protocol number
-Buckets = npt.NDArray[np.uint32]  # shape (table_size, MAX_HOPS): hop ids per bucket
-
-
-@dataclass(frozen=True)
-class VipState:
-    """One lb_vips entry."""
-
-    vip_id: int
-    table_size: int
-    encap: abi.Encap
-    flags: int = 0
-    table_kind: abi.TableKind = abi.TableKind.MAGLEV
-
-
-@dataclass(frozen=True)
-class BackendState:
-    """One lb_backends slot."""
-
-    address: IPAddress
-    active: bool = True
-
-
-@dataclass(frozen=True)
-class TunnelState:
-    """lb_config."""
-
-    src4: ipaddress.IPv4Address | None = None
-    src6: ipaddress.IPv6Address | None = None
-    gue_port: int = abi.GUE_PORT
-    hash_seed: int = 0
-
-
-@dataclass
-class Snapshot:
-    """What the maps hold (or, for the planner's output check, should hold)."""
-
-    vips: dict[VipKey, VipState] = field(default_factory=dict)
-    backends: dict[int, BackendState] = field(default_factory=dict)
-    tables: dict[int, Buckets] = field(default_factory=dict)
-    vip_addrs: dict[IPAddress, int] = field(default_factory=dict)
-    tunnel: TunnelState = field(default_factory=TunnelState)
 
 
 # --- operations, applied in the order the plan lists them -------------------------------
 
 
 @dataclass(frozen=True)
-class SetTunnel:
-    tunnel: TunnelState
+class SetConfig:
+    config: LbConfig
 
 
 @dataclass(frozen=True)
@@ -87,21 +43,12 @@ class PutBackend:
     backend: BackendState
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=True)
 class PutTable:
     """Fill a new inner map and swap it in at ``vip_id`` (never an in-place rewrite)."""
 
     vip_id: int
-    buckets: Buckets = field(compare=False)
-
-    def __eq__(self, other: object) -> bool:
-        return (
-            isinstance(other, PutTable)
-            and other.vip_id == self.vip_id
-            and np.array_equal(other.buckets, self.buckets)
-        )
-
-    __hash__ = None  # type: ignore[assignment]
+    table: LookupTable
 
 
 @dataclass(frozen=True)
@@ -112,13 +59,13 @@ class PutVipAddr:
 
 @dataclass(frozen=True)
 class PutVip:
-    key: VipKey
-    state: VipState
+    vip: Vip
+    params: VipParams
 
 
 @dataclass(frozen=True)
 class DeleteVip:
-    key: VipKey
+    vip: Vip
 
 
 @dataclass(frozen=True)
@@ -139,7 +86,7 @@ class DeleteBackend:
 
 
 Op = (
-    SetTunnel
+    SetConfig
     | PutBackend
     | PutTable
     | PutVipAddr
@@ -151,21 +98,19 @@ Op = (
 )
 
 
-def vip_key(vip: VipConfig) -> VipKey:
-    return (vip.address, vip.port, vip.protocol.number)
+def vip_key(vip: VipConfig) -> Vip:
+    return Vip(vip.address, vip.port, vip.protocol.number)
 
 
-def build_buckets(
+def build_table(
     weights: dict[IPAddress, int], ids: dict[IPAddress, int], size: int
-) -> Buckets | None:
-    """The Maglev table of one VIP as hop ids; None when no backend has a weight."""
+) -> LookupTable | None:
+    """The Maglev table of one VIP as backend ids; None when no backend has a weight."""
     live = {str(a): w for a, w in weights.items() if w > 0}
     if not live:
         return None
     table = maglev.build(live, size)
-    buckets = np.zeros((size, abi.MAX_HOPS), dtype=np.uint32)
-    buckets[:, 0] = table.map_ids({str(a): ids[a] for a in weights})
-    return buckets
+    return LookupTable(table.map_ids({str(a): ids[a] for a in weights}))
 
 
 def _lowest_free(used: Iterable[int], start: int, stop: int) -> Iterable[int]:
@@ -173,13 +118,8 @@ def _lowest_free(used: Iterable[int], start: int, stop: int) -> Iterable[int]:
     return (i for i in range(start, stop) if i not in taken)
 
 
-def desired_tunnel(cfg: Config) -> TunnelState:
-    return TunnelState(
-        src4=cfg.tunnel.source_v4,
-        src6=cfg.tunnel.source_v6,
-        gue_port=cfg.tunnel.gue_port,
-        hash_seed=cfg.hash_seed,
-    )
+def desired_config(cfg: Config) -> LbConfig:
+    return LbConfig(cfg.tunnel.source_v4, cfg.tunnel.source_v6, cfg.tunnel.gue_port, cfg.hash_seed)
 
 
 def plan(cfg: Config, current: Snapshot) -> list[Op]:
@@ -187,13 +127,13 @@ def plan(cfg: Config, current: Snapshot) -> list[Op]:
     ops_put: list[Op] = []
     ops_del: list[Op] = []
 
-    tunnel = desired_tunnel(cfg)
-    if tunnel != current.tunnel:
-        ops_put.append(SetTunnel(tunnel))
+    config = desired_config(cfg)
+    if config != current.config:
+        ops_put.append(SetConfig(config))
 
     # Backends: active ones keep their ids; new ones take the lowest free id >= 1.
     wanted = cfg.backend_addresses()
-    by_addr = {b.address: i for i, b in current.backends.items() if b.active}
+    by_addr = {b.addr: i for i, b in current.backends.items() if b.active}
     ids: dict[IPAddress, int] = {a: i for a, i in by_addr.items() if a in wanted}
     # Never hand out an id that is active now, even one this plan frees: tables and
     # connection entries still name it until the plan's deletions run.
@@ -221,20 +161,19 @@ def plan(cfg: Config, current: Snapshot) -> list[Op]:
         size = cfg.vip_table_size(vip)
         old = current.vips.get(key)
         vip_id = old.vip_id if old is not None and old.table_size == size else next(fresh_ids)
-        state = VipState(
+        params = VipParams(
             vip_id=vip_id,
+            flags=abi.VIP_F_SRC_HASH if vip.hash is HashFields.SOURCE else 0,
             table_size=size,
             encap=vip.encap.abi,
-            flags=abi.VIP_F_SRC_HASH if vip.hash is HashFields.SOURCE else 0,
         )
-        buckets = build_buckets({b.address: b.weight for b in vip.backends}, ids, size)
-        if buckets is not None:
+        table = build_table({b.address: b.weight for b in vip.backends}, ids, size)
+        if table is not None:
             live_tables.add(vip_id)
-            cur = current.tables.get(vip_id)
-            if cur is None or not np.array_equal(cur, buckets):
-                ops_put.append(PutTable(vip_id, buckets))
-        if old != state:
-            vip_puts.append(PutVip(key, state))
+            if current.tables.get(vip_id) != table:
+                ops_put.append(PutTable(vip_id, table))
+        if old != params:
+            vip_puts.append(PutVip(key, params))
     ops_put.extend(vip_puts)
 
     addr_counts: dict[IPAddress, int] = {}
@@ -259,8 +198,8 @@ def _addr_order(a: IPAddress) -> tuple[int, IPAddress]:
     return (a.version, a)
 
 
-def _key_order(k: VipKey) -> tuple[int, IPAddress, int, int]:
-    return (k[0].version, k[0], k[1], k[2])
+def _key_order(v: Vip) -> tuple[int, IPAddress, int, int]:
+    return (v.addr.version, v.addr, v.port, v.proto)
 
 
 def _del_rank(op: Op) -> int:
@@ -275,22 +214,22 @@ def apply_to_snapshot(snap: Snapshot, ops: Iterable[Op]) -> Snapshot:
         backends=dict(snap.backends),
         tables=dict(snap.tables),
         vip_addrs=dict(snap.vip_addrs),
-        tunnel=snap.tunnel,
+        config=snap.config,
     )
     for op in ops:
         match op:
-            case SetTunnel(tunnel):
-                out.tunnel = tunnel
+            case SetConfig(config):
+                out.config = config
             case PutBackend(bid, backend):
                 out.backends[bid] = backend
-            case PutTable(vip_id, buckets):
-                out.tables[vip_id] = buckets
+            case PutTable(vip_id, table):
+                out.tables[vip_id] = table
             case PutVipAddr(addr, n):
                 out.vip_addrs[addr] = n
-            case PutVip(key, state):
-                out.vips[key] = state
-            case DeleteVip(key):
-                del out.vips[key]
+            case PutVip(vip, params):
+                out.vips[vip] = params
+            case DeleteVip(vip):
+                del out.vips[vip]
             case DeleteVipAddr(addr):
                 del out.vip_addrs[addr]
             case DeleteTable(vip_id):

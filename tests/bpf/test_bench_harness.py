@@ -144,6 +144,6 @@ def test_new_flow_flood_is_balanced_but_not_recorded(harness: bh.Harness) -> Non
     assert res.retval == bh.XDP_TX
     deltas = {k: after[k] - before[k] for k in after if after[k] != before[k]}
     assert deltas == {"CONN_MISS": n, "TX": n, "CONN_FLOOD": n - budget}
-    conns, seed = harness.lb.conns, harness.lb.snapshot().tunnel.hash_seed
+    conns, seed = harness.lb.conns, harness.lb.snapshot().config.seed
     assert conns.get(bh.flow_key(bh.varied(case.packet, first + n - 1)), seed) is None
     assert conns.get(bh.flow_key(bh.varied(case.packet, first)), seed) is not None

@@ -26,7 +26,6 @@ from xdplb.datapath.maps import BPF_F_INNER_MAP, Map, MapType
 from xdplb.datapath.objects import BpfObject
 from xdplb.datapath.programs import Program
 from xdplb.planner import (
-    BackendState,
     DeleteBackend,
     DeleteTable,
     DeleteVip,
@@ -36,12 +35,9 @@ from xdplb.planner import (
     PutTable,
     PutVip,
     PutVipAddr,
-    SetTunnel,
-    Snapshot,
-    TunnelState,
-    VipKey,
-    VipState,
+    SetConfig,
 )
+from xdplb.state import BackendState, LbConfig, LookupTable, Snapshot, Vip, VipParams
 
 IPAddress = ipaddress.IPv4Address | ipaddress.IPv6Address
 
@@ -103,53 +99,39 @@ class LbMaps:
     # -- reading -------------------------------------------------------------------------
 
     def snapshot(self) -> Snapshot:
-        """What the maps hold now, in the planner's terms."""
+        """What the maps hold now (the connection table aside), in the planner's terms."""
         snap = Snapshot()
         for k, v in self["lb_vips"].items():
-            key = abi.VipKey.from_buffer_copy(k)
-            info = abi.VipInfo.from_buffer_copy(v)
-            addr = abi.words_addr(key.addr, key.family)
-            vkey: VipKey = (addr, socket.ntohs(key.port), key.proto)
-            snap.vips[vkey] = VipState(
-                vip_id=info.vip_id,
-                table_size=info.table_size,
-                encap=abi.Encap(info.encap),
-                flags=info.flags,
-                table_kind=abi.TableKind(info.table_kind),
-            )
+            vip = Vip.from_abi(abi.VipKey.from_buffer_copy(k))
+            snap.vips[vip] = VipParams.from_abi(abi.VipInfo.from_buffer_copy(v))
         raw = self["lb_backends"].lookup_array()
         size = ctypes.sizeof(abi.Backend)
         for bid in range(1, len(raw) // size):
             be = abi.Backend.from_buffer_copy(raw, bid * size)
-            if be.family:
-                active = bool(be.flags & abi.BACKEND_F_ACTIVE)
-                snap.backends[bid] = BackendState(abi.words_addr(be.addr, be.family), active)
+            if be.family:  # a slot ever used
+                snap.backends[bid] = BackendState.from_abi(be)
         for k in list(self["lb_tables"].keys()):
-            table = self.table(_U32.unpack(k)[0])
+            vip_id = _U32.unpack(k)[0]
+            table = self.table(vip_id)
             if table is not None:
-                snap.tables[_U32.unpack(k)[0]] = table
+                snap.tables[vip_id] = table
         for k, v in self["lb_vip_addrs"].items():
             a = abi.Addr.from_buffer_copy(k)
             snap.vip_addrs[abi.words_addr(a.addr, a.family)] = _U32.unpack(v)[0]
-        cfg = abi.Config.from_buffer_copy(self["lb_config"].lookup(_u32(0)) or b"\0" * 28)
-        snap.tunnel = TunnelState(
-            src4=ipaddress.IPv4Address(struct.pack("<I", cfg.src4)) if cfg.src4 else None,
-            src6=ipaddress.IPv6Address(bytes(cfg.src6)) if any(cfg.src6) else None,
-            gue_port=socket.ntohs(cfg.gue_port) if cfg.gue_port else abi.GUE_PORT,
-            hash_seed=cfg.hash_seed,
-        )
-        if not cfg.gue_port and not cfg.src4 and not any(cfg.src6):
-            snap.tunnel = TunnelState()
+        raw_cfg = self["lb_config"].lookup(_u32(0))
+        if raw_cfg is not None:
+            snap.config = LbConfig.from_abi(abi.Config.from_buffer_copy(raw_cfg))
         return snap
 
-    def table(self, vip_id: int) -> np.ndarray | None:
-        """The buckets of a VIP's table, shape (size, MAX_HOPS), or None."""
+    def table(self, vip_id: int) -> LookupTable | None:
+        """A VIP's lookup table as it is in the map, or None."""
         raw = self["lb_tables"].lookup(_u32(vip_id))
         if raw is None:
             return None
         with Map.from_id(_U32.unpack(raw)[0]) as inner:
             values = inner.lookup_array()
-        return np.frombuffer(values, dtype=np.uint32).reshape(-1, abi.MAX_HOPS).copy()
+        buckets = np.frombuffer(values, dtype=np.uint32).reshape(-1, abi.MAX_HOPS)
+        return LookupTable.from_buckets(buckets)
 
     def counters(self) -> Counters:
         def total(m: Map, idx: int, ctype: type[abi.Stats]) -> abi.Stats:
@@ -186,38 +168,29 @@ class LbMaps:
 
     def _apply(self, op: Op) -> None:
         match op:
-            case SetTunnel(t):
-                cfg = abi.Config(
-                    src4=int.from_bytes(t.src4.packed, "little") if t.src4 else 0,
-                    gue_port=socket.htons(t.gue_port),
-                    hash_seed=t.hash_seed,
-                )
-                if t.src6 is not None:
-                    cfg.src6[:] = abi.addr_words(t.src6)
-                self["lb_config"].update(_u32(0), cfg.pack())
-            case PutBackend(bid, b):
-                flags = abi.BACKEND_F_ACTIVE if b.active else 0
-                self["lb_backends"].update(_u32(bid), abi.Backend.make(b.address, flags).pack())
+            case SetConfig(config):
+                self["lb_config"].update(_u32(0), config.abi_value().pack())
+            case PutBackend(bid, backend):
+                self["lb_backends"].update(_u32(bid), backend.abi_value().pack())
             case DeleteBackend(bid):
                 raw = self["lb_backends"].lookup(_u32(bid))
                 if raw is not None:
                     be = abi.Backend.from_buffer_copy(raw)
                     be.flags &= ~abi.BACKEND_F_ACTIVE
                     self["lb_backends"].update(_u32(bid), be.pack())
-            case PutTable(vip_id, buckets):
+            case PutTable(vip_id, table):
                 # A new inner map, filled, then swapped in with one update: lb_xdp sees the
                 # old table or the new one, never a half-written one.
-                size = buckets.shape[0]
                 # BPF_F_INNER_MAP on both sides: the kernel compares flags with the template.
                 with Map.create(
                     MapType.ARRAY,
                     4,
                     ctypes.sizeof(abi.Bucket),
-                    size,
+                    len(table),
                     name=f"lb_tbl_{vip_id}",
                     flags=BPF_F_INNER_MAP,
                 ) as inner:
-                    inner.update_array(np.ascontiguousarray(buckets, dtype=np.uint32))
+                    inner.update_array(table.buckets())
                     self["lb_tables"].update(_u32(vip_id), _u32(inner.fd))
             case DeleteTable(vip_id):
                 self["lb_tables"].delete(_u32(vip_id))
@@ -225,19 +198,14 @@ class LbMaps:
                 self["lb_vip_addrs"].update(abi.Addr.make(addr).pack(), _u32(n))
             case DeleteVipAddr(addr):
                 self["lb_vip_addrs"].delete(abi.Addr.make(addr).pack())
-            case PutVip(key, st):
-                info = abi.VipInfo(st.vip_id, st.flags, st.table_size, st.encap, st.table_kind)
-                self["lb_vips"].update(_vip_key(key), info.pack())
-            case DeleteVip(key):
-                self["lb_vips"].delete(_vip_key(key))
+            case PutVip(vip, params):
+                self["lb_vips"].update(vip.abi_key().pack(), params.abi_value().pack())
+            case DeleteVip(vip):
+                self["lb_vips"].delete(vip.abi_key().pack())
 
     def flush_conns(self) -> int:
         """Empty the connection table (as if another LB node took over); returns entries."""
         return self.conns.flush()
-
-
-def _vip_key(key: VipKey) -> bytes:
-    return abi.VipKey.make(key[0], key[1], key[2]).pack()
 
 
 class LbDatapath(LbMaps):
