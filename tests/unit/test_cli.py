@@ -1,0 +1,43 @@
+"""The CLI's offline commands and its documented exit codes."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from xdplb.cli import EXIT_CONFIG, EXIT_NOT_RUNNING, EXIT_OK, app
+
+pytestmark = pytest.mark.unit
+
+EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "lb.yaml"
+runner = CliRunner()
+
+
+def test_validate_accepts_the_example() -> None:
+    result = runner.invoke(app, ["validate", "-c", str(EXAMPLE)])
+    assert result.exit_code == EXIT_OK, result.output
+    assert "ok (3 VIPs, 6 backends)" in result.output
+
+
+def test_validate_names_the_field(tmp_path: Path) -> None:
+    bad = tmp_path / "bad.yaml"
+    bad.write_text(EXAMPLE.read_text().replace("weight: 2", "weight: -2"))
+    result = runner.invoke(app, ["validate", "-c", str(bad)])
+    assert result.exit_code == EXIT_CONFIG
+    assert "vips[0].backends[0].weight" in result.output
+
+
+def test_run_refuses_an_invalid_file(tmp_path: Path) -> None:
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("vips: [{address: 198.18.100.1, port: 99999}]\n")
+    result = runner.invoke(app, ["run", "-c", str(bad)])
+    assert result.exit_code == EXIT_CONFIG
+    assert "vips[0].port" in result.output
+
+
+def test_status_and_stop_of_an_instance_that_is_not_there(tmp_path: Path) -> None:
+    name = f"absent-{tmp_path.name}"
+    assert runner.invoke(app, ["status", "-i", name]).exit_code == EXIT_NOT_RUNNING
+    assert runner.invoke(app, ["stop", "-i", name]).exit_code == EXIT_NOT_RUNNING
