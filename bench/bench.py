@@ -103,8 +103,7 @@ def run_datapath(
 
 def _cp_config(instance: str, n: int, first_weight: int) -> dict[str, Any]:
     backends = [
-        {"address": f"198.19.{i >> 8 & 255}.{i & 255}", "weight": 1}
-        for i in range(1, n + 1)
+        {"address": f"198.19.{i >> 8 & 255}.{i & 255}", "weight": 1} for i in range(1, n + 1)
     ]
     backends[0]["weight"] = first_weight
     return {

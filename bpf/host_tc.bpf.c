@@ -6,6 +6,9 @@
  * inner packet goes up the stack to the VIP on the loopback, and the reply
  * goes straight to the client (direct server return).
  *
+ * A GUE packet of a TCP connection that no local socket owns is forwarded to
+ * the next hop of its hop list instead (daisy chaining, lib/host_chain.h).
+ *
  * Contract: docs/datapath.md, "host_tc".
  */
 #include <linux/bpf.h>
@@ -15,6 +18,7 @@
 #include "xdplb_abi.h"
 #include "lib/host_maps.h"
 #include "lib/host_decap.h"
+#include "lib/host_chain.h"
 
 SEC("tc")
 int host_tc(struct __sk_buff *skb)
@@ -37,6 +41,24 @@ int host_tc(struct __sk_buff *skb)
 		return TC_ACT_SHOT;
 	case HOST_V_DECAP:
 		break;
+	}
+
+	/* Only GUE carries a hop list; IPIP is always for this host. */
+	if (t.event == XDPLB_HOST_DECAP_GUE) {
+		struct xdplb_addr hop = {};
+		__u32 ev = host_chain_decide(skb, &t, &hop);
+
+		if (ev == XDPLB_HOST_FORWARD) {
+			int rc = host_chain_forward(skb, &t, &hop);
+
+			if (rc >= 0) {
+				host_count(XDPLB_HOST_FORWARD);
+				return rc;
+			}
+			/* Better a reset from us than a silent drop. */
+			ev = XDPLB_HOST_FORWARD_FAILED;
+		}
+		host_count(ev);
 	}
 
 	if (host_decap(skb, &t) < 0) {

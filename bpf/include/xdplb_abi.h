@@ -158,6 +158,7 @@ enum xdplb_event {
 	XDPLB_EV_REDIRECT,		/* encapsulated, XDP_REDIRECT to another port */
 	XDPLB_EV_FIB_PASS,		/* encapsulated, no neighbour yet: kernel forwards */
 	XDPLB_EV_CONN_FLOOD,		/* new flow balanced but not recorded: over the insert budget */
+	XDPLB_EV_LOCAL,			/* encapsulated for this very host (co-located): passed up */
 	XDPLB_EV__MAX,
 };
 
@@ -168,6 +169,19 @@ enum xdplb_host_event {
 	XDPLB_HOST_DECAP_IPIP,		/* IPIP/IP6IP6 decapsulated, delivered locally */
 	XDPLB_HOST_DROP_MALFORMED,	/* tunnel packet for us, but unparseable */
 	XDPLB_HOST_DROP_DECAP,		/* bpf_skb_adjust_room refused */
+	/*
+	 * Daisy chaining: exactly one of the following per parsed GUE packet,
+	 * decided before decapsulation (IPIP has no hop list: none of them).
+	 * Every ACCEPT_* and FORWARD_FAILED is then decapsulated (DECAP_GUE).
+	 */
+	XDPLB_HOST_ACCEPT_NOT_TCP,	/* inner not TCP (or fragment, short TCP): first hop takes it */
+	XDPLB_HOST_ACCEPT_SYN,		/* inner TCP SYN: a new connection starts here */
+	XDPLB_HOST_ACCEPT_OWNED,	/* a local non-listening socket owns the inner 4-tuple */
+	XDPLB_HOST_ACCEPT_SYNCOOKIE,	/* ACK carrying a valid SYN cookie of a local listener */
+	XDPLB_HOST_ACCEPT_LAST_RESORT,	/* nobody owns it and no hop is left: local stack resets it */
+	XDPLB_HOST_ACCEPT_LOOP,		/* next hop is one of our own addresses: taken locally */
+	XDPLB_HOST_FORWARD,		/* outer header rewritten, redirected to the next hop */
+	XDPLB_HOST_FORWARD_FAILED,	/* next hop unroutable (bpf_fib_lookup failed): taken locally */
 	XDPLB_HOST_EV__MAX,
 };
 

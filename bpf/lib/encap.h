@@ -37,6 +37,15 @@ static __always_inline int lb_outer_has_src(const struct xdplb_config *cfg, cons
 	return (cfg->src6[0] | cfg->src6[1] | cfg->src6[2] | cfg->src6[3]) != 0;
 }
 
+static __always_inline int lb_is_self(const struct xdplb_config *cfg,
+				      const struct xdplb_backend *be, const int v6)
+{
+	if (!v6)
+		return be->addr[0] == cfg->src4;
+	return be->addr[0] == cfg->src6[0] && be->addr[1] == cfg->src6[1] &&
+	       be->addr[2] == cfg->src6[2] && be->addr[3] == cfg->src6[3];
+}
+
 static __always_inline int lb_encap(struct xdp_md *ctx, const struct lb_pkt *pkt,
 				    const struct lb_target *tgt,
 				    const struct xdplb_config *cfg,
@@ -140,6 +149,13 @@ static __always_inline int lb_encap(struct xdp_md *ctx, const struct lb_pkt *pkt
 		}
 	}
 
+	/*
+	 * Co-located (Unimog): the hop is this very host (its address is our tunnel
+	 * source).  The frame still has our MAC as destination, so the stack takes
+	 * it and host_tc on TC ingress decapsulates it: no trip through the wire.
+	 */
+	if (lb_is_self(cfg, tgt->be, v6))
+		return lb_pass(XDPLB_EV_LOCAL);
 	if (!v6)
 		return lb_fib_forward4(ctx, eth, l3, tgt->be_id);
 	return lb_fib_forward6(ctx, eth, l3, tgt->be_id);

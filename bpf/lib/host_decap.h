@@ -16,6 +16,7 @@
 #include <linux/in.h>
 #include <linux/ip.h>
 #include <linux/ipv6.h>
+#include <linux/tcp.h>
 #include <linux/udp.h>
 #include <bpf/bpf_endian.h>
 #include <bpf/bpf_helpers.h>
@@ -38,10 +39,11 @@
 #define IP_OFFSET	0x1fff
 #endif
 
-/* Longest outer header stack we parse: Ethernet, IPv4 with options, UDP, GUE
- * with the largest hlen, then the inner IPv6 header we check. */
+/* Longest header stack we read: Ethernet, IPv4 with options, UDP, GUE with
+ * the largest hlen, then the inner IPv4 header with options and the base TCP
+ * header that the daisy-chaining decision looks at (host_chain.h). */
 #define HOST_MAX_HDR	(ETH_HLEN + 60 + sizeof(struct udphdr) + \
-			 XDPLB_GUE_LEN(31) + sizeof(struct ipv6hdr))
+			 XDPLB_GUE_LEN(31) + 60 + sizeof(struct tcphdr))
 
 enum host_verdict {
 	HOST_V_PASS,		/* not a tunnel packet for us */
@@ -49,11 +51,18 @@ enum host_verdict {
 	HOST_V_MALFORMED,	/* tunnel packet for us that does not parse */
 };
 
+/*
+ * What parsing found.  Offsets, not pointers: the daisy-chaining code runs
+ * after helper calls and re-derives its packet pointers from skb->data.
+ */
 struct host_tunnel {
 	__u32 outer_len;	/* bytes from the end of Ethernet to the inner IP header */
+	__u16 udp_off;		/* GUE only: outer UDP header, from the frame start */
 	__u8 outer_family;	/* enum xdplb_family */
 	__u8 inner_family;	/* enum xdplb_family */
 	__u8 event;		/* XDPLB_HOST_DECAP_GUE or XDPLB_HOST_DECAP_IPIP */
+	__u8 next_hop;		/* GUE only: hop index the packet was sent to */
+	__u8 hop_count;		/* GUE only: hops in the list */
 };
 
 /*
@@ -93,7 +102,7 @@ static __always_inline int host_inner_ok(void *inner, void *data_end, __u8 proto
 
 /* GUE header at @gue; on success @inner_out points at the inner IP header. */
 static __always_inline enum host_verdict
-host_parse_gue(void *gue, void *data_end, __u8 outer_family, void **inner_out,
+host_parse_gue(void *gue, void *data_end, struct host_tunnel *t, void **inner_out,
 	       __u8 *proto_out)
 {
 	struct xdplb_gue_hdr *gh = gue;
@@ -113,14 +122,16 @@ host_parse_gue(void *gue, void *data_end, __u8 outer_family, void **inner_out,
 	priv = (void *)(gh + 1);
 	if ((void *)(priv + 1) > data_end)
 		return HOST_V_MALFORMED;
-	hop_words = outer_family == XDPLB_FAMILY_V4 ? XDPLB_GUE_HOP_WORDS_V4 :
-						       XDPLB_GUE_HOP_WORDS_V6;
+	hop_words = t->outer_family == XDPLB_FAMILY_V4 ? XDPLB_GUE_HOP_WORDS_V4 :
+							  XDPLB_GUE_HOP_WORDS_V6;
 	if (1 + (__u32)priv->hop_count * hop_words > hlen)
 		return HOST_V_MALFORMED;
 
 	inner = gue + XDPLB_GUE_LEN(hlen);
 	if (!host_inner_ok(inner, data_end, gh->proto))
 		return HOST_V_MALFORMED;
+	t->next_hop = priv->next_hop;
+	t->hop_count = priv->hop_count;
 	*inner_out = inner;
 	*proto_out = gh->proto;
 	return HOST_V_DECAP;
@@ -128,7 +139,7 @@ host_parse_gue(void *gue, void *data_end, __u8 outer_family, void **inner_out,
 
 /* Everything after the outer IP header: GUE, IPIP, or not ours. */
 static __always_inline enum host_verdict
-host_parse_l4(void *l4, void *data_end, __u8 proto, struct host_tunnel *t,
+host_parse_l4(void *data, void *l4, void *data_end, __u8 proto, struct host_tunnel *t,
 	      void **inner_out)
 {
 	enum host_verdict v;
@@ -153,10 +164,10 @@ host_parse_l4(void *l4, void *data_end, __u8 proto, struct host_tunnel *t,
 			return HOST_V_PASS;
 		if (udp->dest != cfg->gue_port)
 			return HOST_V_PASS;
-		v = host_parse_gue(udp + 1, data_end, t->outer_family, inner_out,
-				   &inner_proto);
+		v = host_parse_gue(udp + 1, data_end, t, inner_out, &inner_proto);
 		if (v != HOST_V_DECAP)
 			return v;
+		t->udp_off = (__u16)((void *)udp - data);
 		t->event = XDPLB_HOST_DECAP_GUE;
 	} else {
 		return HOST_V_PASS;
@@ -223,7 +234,7 @@ host_parse(struct __sk_buff *skb, struct host_tunnel *t)
 		return HOST_V_PASS;
 	}
 
-	v = host_parse_l4(l4, data_end, proto, t, &inner);
+	v = host_parse_l4(data, l4, data_end, proto, t, &inner);
 	if (v != HOST_V_DECAP)
 		return v;
 	t->outer_len = (__u32)(inner - (void *)(eth + 1));

@@ -25,6 +25,7 @@ struct lb_pkt {
 	__u32 ip_len;		/* inner IP length: tot_len, or 40 + payload_len */
 	__u8 family;		/* enum xdplb_family of the inner packet */
 	__u8 tos;		/* inner TOS / traffic class, copied to the outer header */
+	__u8 tcp_flags;		/* TCP flags byte; 0 for UDP */
 };
 
 /* Is this destination the address of some VIP? (for packets without ports) */
@@ -92,7 +93,7 @@ static __always_inline int lb_parse(struct xdp_md *ctx, struct lb_pkt *pkt)
 		return lb_pass(XDPLB_EV_PASS_NOT_IP);
 	}
 
-	if (parse_ports(&nh, data_end, proto, l4_len, &ports) < 0)
+	if (parse_ports(&nh, data_end, proto, l4_len, &ports, &pkt->tcp_flags) < 0)
 		return lb_vip_drop_or_pass(pkt, XDPLB_DROP_MALFORMED_L4);
 	/* sport then dport in memory, exactly as in the L4 header. */
 	__builtin_memcpy(&pkt->flow.sport, &ports, sizeof(ports));

@@ -56,6 +56,9 @@ static __always_inline int lb_under_flood(void)
 	return ++fl->count > LB_FLOOD_MAX;
 }
 
+#define LB_TCP_SYN	0x02
+#define LB_TCP_ACK	0x10
+
 /* The outcome of selection: who gets the packet, and the flow's hash. */
 struct lb_target {
 	const struct xdplb_backend *be;
@@ -173,6 +176,17 @@ static __always_inline int lb_table_lookup(const struct lb_pkt *pkt,
 
 		if (be2 && be2->family == tgt->be->family)
 			tgt->be2 = be2;
+		/*
+		 * Only a SYN is sure to start its connection on the first hop.  Any
+		 * other TCP packet we do not know may belong to a connection the
+		 * second hop has: recording it would pin it to the first hop, whose
+		 * packets then carry no second hop to daisy-chain to.
+		 */
+		if (pkt->flow.proto == IPPROTO_TCP &&
+		    (pkt->tcp_flags & (LB_TCP_SYN | LB_TCP_ACK)) != LB_TCP_SYN) {
+			lb_count_event(XDPLB_EV_CONN_MISS);
+			return -1;
+		}
 	}
 
 	/* Best effort: a full set evicts its least recently used way. */

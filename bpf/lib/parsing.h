@@ -121,12 +121,12 @@ static __always_inline int parse_ip6hdr(struct hdr_cursor *nh, void *data_end,
 
 /*
  * TCP or UDP header, l4_len bytes of IP payload.  Returns 0 with both ports
- * (network order, as one word: sport in the low half on little endian) or
- * -1 when the header is truncated: TCP needs 20 bytes and 5 <= doff with
- * doff*4 <= l4_len, UDP needs 8.
+ * (network order, as one word: sport in the low half on little endian) and
+ * the TCP flags byte (0 for UDP), or -1 when the header is truncated: TCP
+ * needs 20 bytes and 5 <= doff with doff*4 <= l4_len, UDP needs 8.
  */
 static __always_inline int parse_ports(struct hdr_cursor *nh, void *data_end,
-				       __u8 proto, __u32 l4_len, __u32 *ports)
+				       __u8 proto, __u32 l4_len, __u32 *ports, __u8 *tcp_flags)
 {
 	if (proto == IPPROTO_TCP) {
 		struct tcphdr *tcp = nh->pos;
@@ -137,11 +137,13 @@ static __always_inline int parse_ports(struct hdr_cursor *nh, void *data_end,
 		doff = tcp->doff;
 		if (doff < 5 || doff * 4 > l4_len)
 			return -1;
+		*tcp_flags = ((__u8 *)tcp)[13];	/* CWR ECE URG ACK PSH RST SYN FIN */
 	} else {
 		struct udphdr *udp = nh->pos;
 
 		if ((void *)(udp + 1) > data_end || l4_len < sizeof(*udp))
 			return -1;
+		*tcp_flags = 0;
 	}
 	/* Both headers start with sport, dport: one 32-bit load. */
 	*ports = *(__u32 *)nh->pos;

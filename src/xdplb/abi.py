@@ -76,6 +76,7 @@ class Event(enum.IntEnum):
     REDIRECT = enum.auto()
     FIB_PASS = enum.auto()
     CONN_FLOOD = enum.auto()
+    LOCAL = enum.auto()
 
 
 class HostEvent(enum.IntEnum):
@@ -86,6 +87,15 @@ class HostEvent(enum.IntEnum):
     DECAP_IPIP = enum.auto()
     DROP_MALFORMED = enum.auto()
     DROP_DECAP = enum.auto()
+    # Daisy chaining: one per parsed GUE packet, decided before decapsulation.
+    ACCEPT_NOT_TCP = enum.auto()
+    ACCEPT_SYN = enum.auto()
+    ACCEPT_OWNED = enum.auto()
+    ACCEPT_SYNCOOKIE = enum.auto()
+    ACCEPT_LAST_RESORT = enum.auto()
+    ACCEPT_LOOP = enum.auto()
+    FORWARD = enum.auto()
+    FORWARD_FAILED = enum.auto()
 
 
 class _Struct(ctypes.Structure):

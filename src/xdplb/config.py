@@ -49,6 +49,19 @@ class HashFields(StrEnum):
     SOURCE = "source"  #: source address only: every flow of a client to one backend
 
 
+class TableKindName(StrEnum):
+    MAGLEV = "maglev"  #: one hop per bucket; consistent hashing
+    BEAMER = "beamer"  #: first and second hop per bucket; daisy chaining keeps connections
+
+    @property
+    def abi(self) -> abi.TableKind:
+        return abi.TableKind.MAGLEV if self is TableKindName.MAGLEV else abi.TableKind.BEAMER
+
+
+#: Buckets of a Beamer table unless the VIP says otherwise (need not be prime).
+BEAMER_DEFAULT_SIZE = 65536
+
+
 class XdpModeName(StrEnum):
     NATIVE = "native"
     GENERIC = "generic"
@@ -67,6 +80,15 @@ class BackendConfig(_Model):
     """Relative share of new flows; 0 keeps the backend configured but out of the table."""
 
 
+class BeamerConfig(_Model):
+    """How fast a Beamer table may change (DESIGN.md §3)."""
+
+    min_interval: Annotated[float, Field(ge=0, le=86400)] = 60.0
+    """Seconds between two changes of this VIP's table: time for connections to drain."""
+    max_step: Annotated[float, Field(gt=0, le=1)] = 0.05
+    """Largest fraction of the buckets one change may move (small steps to a far target)."""
+
+
 class VipConfig(_Model):
     """A virtual service: (address, port, protocol) and where its flows go."""
 
@@ -76,16 +98,27 @@ class VipConfig(_Model):
     protocol: Protocol = Protocol.TCP
     encap: EncapKind = EncapKind.GUE
     hash: HashFields = HashFields.FIVE_TUPLE
+    table: TableKindName = TableKindName.MAGLEV
+    """maglev, or beamer: a second hop per bucket so backends can daisy-chain connections."""
+    beamer: BeamerConfig = Field(default_factory=BeamerConfig)
+    """Change policy of a Beamer table (ignored for Maglev)."""
     table_size: int | None = None
-    """Buckets in this VIP's Maglev table (a prime); default: the global table_size."""
+    """Buckets in this VIP's table: a prime for Maglev (default: the global table_size),
+    any size for Beamer (default 65,536)."""
     backends: list[BackendConfig] = Field(default_factory=list)
 
-    @field_validator("table_size")
-    @classmethod
-    def _prime(cls, v: int | None) -> int | None:
-        if v is not None:
-            _check_table_size(v)
-        return v
+    @model_validator(mode="after")
+    def _size(self) -> VipConfig:
+        if self.table_size is None:
+            return self
+        if self.table is TableKindName.MAGLEV:
+            try:
+                _check_table_size(self.table_size)
+            except ValueError as e:
+                raise _FieldError("table_size", str(e)) from None
+        elif not 1 <= self.table_size <= MAX_TABLE_SIZE:
+            raise _FieldError("table_size", f"must be between 1 and {MAX_TABLE_SIZE}")
+        return self
 
     @field_validator("backends")
     @classmethod
@@ -185,7 +218,9 @@ class Config(_Model):
         return {b.address for vip in self.vips for b in vip.backends}
 
     def vip_table_size(self, vip: VipConfig) -> int:
-        return vip.table_size if vip.table_size is not None else self.table_size
+        if vip.table_size is not None:
+            return vip.table_size
+        return self.table_size if vip.table is TableKindName.MAGLEV else BEAMER_DEFAULT_SIZE
 
 
 class _FieldError(ValueError):
@@ -219,12 +254,13 @@ def _loc(loc: tuple[int | str, ...]) -> str:
 def _errors(e: ValidationError) -> Iterator[tuple[str, str]]:
     for err in e.errors():
         ctx_err = err.get("ctx", {}).get("error")
-        if isinstance(ctx_err, _FieldError):
-            yield ctx_err.field, ctx_err.message
-            continue
-        msg = err["msg"].removeprefix("Value error, ")
         loc = tuple(p for p in err["loc"] if not (isinstance(p, str) and "[" in p))
-        yield _loc(loc), msg
+        if isinstance(ctx_err, _FieldError):
+            # A model-level check names its field relative to the model it checks.
+            prefix = _loc(loc)
+            yield (f"{prefix}.{ctx_err.field}" if prefix else ctx_err.field), ctx_err.message
+            continue
+        yield _loc(loc), err["msg"].removeprefix("Value error, ")
 
 
 def parse_config(data: Any) -> Config:

@@ -21,7 +21,7 @@ from pathlib import Path
 from types import FrameType
 
 from xdplb import planner
-from xdplb.config import Config, XdpModeName, load_config
+from xdplb.config import Config, TableKindName, XdpModeName, load_config
 from xdplb.datapath import XdpMode
 from xdplb.datapath.lb import LbDatapath
 from xdplb.errors import ConfigError
@@ -31,6 +31,9 @@ log = logging.getLogger("xdplb.daemon")
 RUN_DIR = Path(os.environ.get("XDPLB_RUN_DIR", "/run/xdplb"))
 #: How often the configuration file's mtime is looked at.
 POLL_INTERVAL = 0.5
+#: How often a configuration with Beamer tables is planned again, so that a table
+#: reaches a far target in steps, each after its minimum interval.
+REPLAN_INTERVAL = 1.0
 
 
 def pid_file(instance: str) -> Path:
@@ -60,6 +63,8 @@ class Daemon:
         self._reload = threading.Event()
         self._stop = threading.Event()
         self.dp = LbDatapath(self.config.instance)
+        #: Beamer tables as last built, by vip id (the maps hold hops, not history).
+        self.memory: dict[int, planner.BeamerMemory] = {}
 
     def _file_mtime(self) -> float:
         try:
@@ -77,9 +82,15 @@ class Daemon:
             if ifname not in cfg.interfaces:
                 self.dp.detach(ifname)
                 log.info("detached lb_xdp from %s", ifname)
-        ops = planner.plan(cfg, self.dp.snapshot())
+        now = time.monotonic()
+        ops = planner.plan(cfg, self.dp.snapshot(), now=now, memory=self.memory)
         t0 = time.perf_counter()
         self.dp.apply(ops)
+        for op in ops:
+            if isinstance(op, planner.PutTable) and op.beamer_table is not None:
+                self.memory[op.vip_id] = planner.BeamerMemory(op.beamer_table, now)
+            elif isinstance(op, planner.PutTable | planner.DeleteTable):
+                self.memory.pop(op.vip_id, None)
         if ops:
             log.info(
                 "applied %d map operations in %.1f ms", len(ops), 1e3 * (time.perf_counter() - t0)
@@ -105,6 +116,9 @@ class Daemon:
         self.apply(cfg)
         return True
 
+    def _has_beamer(self) -> bool:
+        return any(v.table is TableKindName.BEAMER for v in self.config.vips)
+
     def _on_signal(self, signum: int, _frame: FrameType | None) -> None:
         if signum == signal.SIGHUP:
             self._reload.set()
@@ -119,6 +133,7 @@ class Daemon:
         RUN_DIR.mkdir(parents=True, exist_ok=True)
         pid_file(self.config.instance).write_text(f"{os.getpid()}\n")
         log.info("instance %s serving %d VIPs", self.config.instance, len(self.config.vips))
+        last_plan = time.monotonic()
         try:
             while not self._stop.is_set():
                 self._reload.wait(POLL_INTERVAL)
@@ -127,6 +142,10 @@ class Daemon:
                 if self._reload.is_set() or self._file_mtime() != self._mtime:
                     self._reload.clear()
                     self.reload()
+                    last_plan = time.monotonic()
+                elif self._has_beamer() and time.monotonic() - last_plan >= REPLAN_INTERVAL:
+                    self.apply(self.config)
+                    last_plan = time.monotonic()
         finally:
             pid = pid_file(self.config.instance)
             if read_pid(self.config.instance) == os.getpid():

@@ -69,6 +69,7 @@ GUE_HLEN = 4
 GUE_PRIV_HLEN = 4
 
 _IPV4_MF_OFFSET = 0x3FFF  # MF flag and the 13-bit fragment offset
+_TCP_SYN, _TCP_ACK = 0x02, 0x10
 
 
 class XdpAction(enum.IntEnum):
@@ -236,8 +237,9 @@ class Decision:
 
     @property
     def new_flow(self) -> bool:
-        """Whether ``new_flows`` of the VIP and backend stats moves."""
-        return self.conn_insert is not None
+        """Whether ``new_flows`` of the VIP and backend stats moves: the flow was
+        balanced by the table (recorded or not)."""
+        return abi.Event.CONN_MISS in self.events
 
     def allows(self, action: int) -> bool:
         """Whether the program's return value is consistent with this decision.
@@ -307,6 +309,7 @@ class _Parsed:
     proto: int
     sport: int
     dport: int
+    tcp_flags: int  # 0 for UDP
 
 
 def _parse(frame: bytes, state: DataplaneState) -> _Parsed | Decision:
@@ -379,7 +382,8 @@ def _parse(frame: bytes, state: DataplaneState) -> _Parsed | Decision:
         return _PASS_NOT_VIP
     sport = int.from_bytes(frame[l4 : l4 + 2], "big")
     dport = int.from_bytes(frame[l4 + 2 : l4 + 4], "big")
-    return _Parsed(l3, version, ip_len, tos, src, dst, l4proto, sport, dport)
+    flags = frame[l4 + 13] if l4proto == IPPROTO_TCP else 0
+    return _Parsed(l3, version, ip_len, tos, src, dst, l4proto, sport, dport, flags)
 
 
 def _ip(version: int, raw: bytes) -> IPAddress:
@@ -400,7 +404,8 @@ def decide(state: DataplaneState, frame: bytes) -> Decision:
     # 7. The flow key: the connection table's key whatever the VIP hashes.
     key = flow_key(p.src, p.dst, p.sport, p.dport, p.proto)
     flow = Flow(_ip(p.version, p.src), _ip(p.version, p.dst), p.sport, p.dport, p.proto)
-    events, drop, flow_hash, bucket, hops, conn_insert = _choose(state, params, key, flow)
+    starts = p.proto != IPPROTO_TCP or p.tcp_flags & (_TCP_SYN | _TCP_ACK) == _TCP_SYN
+    events, drop, flow_hash, bucket, hops, conn_insert = _choose(state, params, key, flow, starts)
     if drop is not None:
         return Decision(
             Outcome.DROP,
@@ -443,8 +448,13 @@ _Choice = tuple[
 ]
 
 
-def _choose(state: DataplaneState, params: VipParams, key: bytes, flow: Flow) -> _Choice:
-    """Steps 8-9: the hops, or the drop reason; with the events counted on the way."""
+def _choose(
+    state: DataplaneState, params: VipParams, key: bytes, flow: Flow, starts: bool = True
+) -> _Choice:
+    """Steps 8-9: the hops, or the drop reason; with the events counted on the way.
+
+    ``starts``: the packet may start its connection (not TCP, or a SYN without ACK).
+    """
     events: tuple[abi.Event, ...] = ()
     # 8. Connection table.
     conn = state.conns.get(key)
@@ -466,11 +476,14 @@ def _choose(state: DataplaneState, params: VipParams, key: bytes, flow: Flow) ->
     if not state.backend_usable(first):
         return (events, abi.DropReason.NO_BACKEND, flow_hash, bucket, (), None)
     hops: tuple[int, ...] = (first,)
-    if params.table_kind == abi.TableKind.BEAMER and table.second is not None:
+    beamer = params.table_kind == abi.TableKind.BEAMER
+    if beamer and table.second is not None:
         second = int(table.second[bucket])
         if second != 0 and _second_hop_ok(state, first, second):
             hops = (first, second)
-    insert = (key, ConnEntry(first, flow_hash))
+    # Beamer records only connections sure to start on the first hop: a mid-flow TCP
+    # packet may be the second hop's, and a record would drop that hop from its list.
+    insert = (key, ConnEntry(first, flow_hash)) if starts or not beamer else None
     return ((*events, abi.Event.CONN_MISS), None, flow_hash, bucket, hops, insert)
 
 

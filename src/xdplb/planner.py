@@ -19,10 +19,10 @@ table appear in one ``lb_vips`` update instead of two racing ones.
 from __future__ import annotations
 
 import ipaddress
-from collections.abc import Iterable
-from dataclasses import dataclass, replace
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field, replace
 
-from xdplb import abi, maglev
+from xdplb import abi, beamer, maglev
 from xdplb.config import Config, HashFields, VipConfig
 from xdplb.state import BackendState, LbConfig, LookupTable, Snapshot, Vip, VipParams
 
@@ -49,6 +49,8 @@ class PutTable:
 
     vip_id: int
     table: LookupTable
+    #: The Beamer table behind ``table``, for the caller's :class:`BeamerMemory`.
+    beamer_table: beamer.BeamerTable | None = field(default=None, compare=False)
 
 
 @dataclass(frozen=True)
@@ -122,8 +124,48 @@ def desired_config(cfg: Config) -> LbConfig:
     return LbConfig(cfg.tunnel.source_v4, cfg.tunnel.source_v6, cfg.tunnel.gue_port, cfg.hash_seed)
 
 
-def plan(cfg: Config, current: Snapshot) -> list[Op]:
-    """The operations that turn ``current`` into the state ``cfg`` describes."""
+@dataclass(frozen=True)
+class BeamerMemory:
+    """What the control plane remembers of a Beamer table between plans: the maps hold
+    its hops, not when each bucket last changed nor when the table did."""
+
+    table: beamer.BeamerTable
+    changed_at: float
+
+
+def _beamer_table(
+    vip: VipConfig,
+    weights: dict[int, int],
+    size: int,
+    current: LookupTable | None,
+    memory: BeamerMemory | None,
+    now: float,
+) -> beamer.BeamerTable | None:
+    """The VIP's next Beamer table, or None to keep ``current`` as it is."""
+    if current is None or len(current) != size:
+        return beamer.build(weights, size)
+    known = memory is not None and memory.table.to_lookup_table() == current
+    table = memory.table if memory is not None and known else beamer.from_lookup_table(current)
+    last = memory.changed_at if memory is not None and known else None
+    policy = beamer.Policy(min_interval=vip.beamer.min_interval, max_step=vip.beamer.max_step)
+    return beamer.Scheduler(policy).step(table, weights, now, last)
+
+
+def plan(
+    cfg: Config,
+    current: Snapshot,
+    *,
+    now: float = 0.0,
+    memory: Mapping[int, BeamerMemory] | None = None,
+) -> list[Op]:
+    """The operations that turn ``current`` into the state ``cfg`` describes.
+
+    ``now`` and ``memory`` matter to Beamer tables only: a Beamer table moves one policy
+    step per plan, no sooner than its minimum interval after the last change recorded in
+    ``memory`` (vip id -> what the previous plans built). Without a memory entry every
+    bucket counts as equally old and the interval as elapsed.
+    """
+    memory = memory or {}
     ops_put: list[Op] = []
     ops_del: list[Op] = []
 
@@ -144,9 +186,6 @@ def plan(cfg: Config, current: Snapshot) -> list[Op]:
         backend = BackendState(addr, True)
         if current.backends.get(bid) != backend:
             ops_put.append(PutBackend(bid, backend))
-    for bid, b in sorted(current.backends.items()):
-        if b.active and bid not in ids.values():
-            ops_del.append(DeleteBackend(bid))
 
     # VIPs and their tables.
     desired_keys = {vip_key(v) for v in cfg.vips}
@@ -155,26 +194,50 @@ def plan(cfg: Config, current: Snapshot) -> list[Op]:
     used_ids = {s.vip_id for s in current.vips.values()} | set(current.tables)
     fresh_ids = iter(_lowest_free(used_ids, 0, abi.MAX_VIPS))
     vip_puts: list[Op] = []
-    live_tables: set[int] = set()
+    live_tables: dict[int, LookupTable] = {}
     for vip in cfg.vips:
         key = vip_key(vip)
         size = cfg.vip_table_size(vip)
+        kind = vip.table.abi
         old = current.vips.get(key)
-        vip_id = old.vip_id if old is not None and old.table_size == size else next(fresh_ids)
+        same = old is not None and old.table_size == size and old.table_kind == kind
+        vip_id = old.vip_id if old is not None and same else next(fresh_ids)
         params = VipParams(
             vip_id=vip_id,
             flags=abi.VIP_F_SRC_HASH if vip.hash is HashFields.SOURCE else 0,
             table_size=size,
             encap=vip.encap.abi,
+            table_kind=kind,
         )
-        table = build_table({b.address: b.weight for b in vip.backends}, ids, size)
-        if table is not None:
-            live_tables.add(vip_id)
-            if current.tables.get(vip_id) != table:
+        weights = {b.address: b.weight for b in vip.backends}
+        cur = current.tables.get(vip_id)
+        table: LookupTable | None
+        if kind is abi.TableKind.BEAMER:
+            by_id = {ids[a]: w for a, w in weights.items()}
+            bt = None
+            if any(by_id.values()):
+                bt = _beamer_table(vip, by_id, size, cur, memory.get(vip_id), now)
+                table = bt.to_lookup_table() if bt is not None else cur
+            else:
+                table = None
+            if bt is not None and table != cur:
+                ops_put.append(PutTable(vip_id, bt.to_lookup_table(), beamer_table=bt))
+        else:
+            table = build_table(weights, ids, size)
+            if table is not None and cur != table:
                 ops_put.append(PutTable(vip_id, table))
+        if table is not None:
+            live_tables[vip_id] = table
         if old != params:
             vip_puts.append(PutVip(key, params))
     ops_put.extend(vip_puts)
+
+    # A backend leaves only when no table names it: a Beamer second hop is a backend
+    # that still serves the connections it had when its buckets moved away.
+    named = set().union(*(t.hop_ids() for t in live_tables.values()))
+    for bid, b in sorted(current.backends.items()):
+        if b.active and bid not in ids.values() and bid not in named:
+            ops_del.append(DeleteBackend(bid))
 
     addr_counts: dict[IPAddress, int] = {}
     for vip in cfg.vips:
@@ -187,7 +250,7 @@ def plan(cfg: Config, current: Snapshot) -> list[Op]:
         ops_del.insert(0, DeleteVip(key))
     for addr in sorted(current.vip_addrs.keys() - addr_counts.keys(), key=_addr_order):
         ops_del.insert(0, DeleteVipAddr(addr))
-    for vip_id in sorted(current.tables.keys() - live_tables):
+    for vip_id in sorted(current.tables.keys() - live_tables.keys()):
         ops_del.insert(0, DeleteTable(vip_id))
     # Deletions run VIPs first, then addresses, tables, backends.
     ops_del.sort(key=_del_rank)
@@ -222,7 +285,7 @@ def apply_to_snapshot(snap: Snapshot, ops: Iterable[Op]) -> Snapshot:
                 out.config = config
             case PutBackend(bid, backend):
                 out.backends[bid] = backend
-            case PutTable(vip_id, table):
+            case PutTable(vip_id, table, _):
                 out.tables[vip_id] = table
             case PutVipAddr(addr, n):
                 out.vip_addrs[addr] = n

@@ -131,6 +131,14 @@ class LookupTable:
 
     __hash__ = None  # type: ignore[assignment]
 
+    def hop_ids(self) -> set[int]:
+        """Every backend id the table names, first or second hop."""
+        ids = set(np.unique(self.first).tolist())
+        if self.second is not None:
+            ids |= set(np.unique(self.second).tolist())
+        ids.discard(0)
+        return ids
+
     def counts(self) -> dict[int, int]:
         """Buckets per first-hop backend id: each backend's share of new flows."""
         ids, counts = np.unique(self.first, return_counts=True)

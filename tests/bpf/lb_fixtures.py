@@ -62,6 +62,7 @@ BACKENDS: dict[int, BackendDef] = {
         BackendDef(7, A("198.18.0.14"), None),  # on link, never resolved: FIB_PASS
         BackendDef(8, A("198.18.0.15"), "02:be:00:00:00:15", active=False),
         BackendDef(9, A("198.19.200.1"), None),  # no route at all: drop FIB
+        BackendDef(10, A("198.18.0.2"), None),  # the LB itself (co-located): LOCAL
     )
 }
 V4_BES = (1, 2, 3)
@@ -101,6 +102,7 @@ VIPS: dict[str, VipDef] = {
         15, A("198.19.1.10"), 80, TCP_, (1,), table_kind=TableKind.BEAMER, second=(2,)
     ),
     "ipip6in4": VipDef(16, A("fd78:6470:6c62:1::4"), 80, TCP_, V4_BES, encap=Encap.IPIP),
+    "self": VipDef(17, A("198.19.1.11"), 80, TCP_, (10,)),
 }
 VIP_BY_ID = {v.id: v for v in VIPS.values()}
 
@@ -418,6 +420,22 @@ def _beamer(env: Env, frame: bytes) -> Expect:
     )
 
 
+def _local(env: Env, frame: bytes) -> Expect:
+    """Co-located: the chosen hop is the LB's own address. Passed up encapsulated, with
+    the original MACs (ours as destination), for host_tc on the same interface."""
+    vip = VIPS["self"]
+    be = BACKENDS[10]
+    h = hash_of(frame, vip)
+    ip_len = flow_of(frame)[5]
+    return Expect(
+        XDP_PASS,
+        encapsulated(frame, vip, be, h, eth_dst=env.lb_mac, eth_src=CLIENT_MAC),
+        events={Event.CONN_MISS: 1, Event.LOCAL: 1},
+        vip_stats={vip.id: (1, ip_len, 1)},
+        be_stats={be.id: (1, ip_len, 1)},
+    )
+
+
 def _no_route(env: Env, frame: bytes) -> Expect:
     """No route to the backend: dropped after steps 9-11, so counted and encapsulated."""
     vip = VIPS["noroute"]
@@ -503,4 +521,5 @@ CASES: list[Case] = [
     ),
     Case("backend on link but no neighbour: encapsulated and passed", to_vip("noneigh"), _fib_pass),
     Case("backend with no route: dropped after encapsulation", to_vip("noroute"), _no_route),
+    Case("co-located: the hop is this host, passed up for host_tc", to_vip("self"), _local),
 ]

@@ -1,17 +1,27 @@
 """host_tc on fixture packets through BPF_PROG_TEST_RUN (docs/datapath.md, "host_tc").
 
 Each case: a description, the input frame, the expected verdict, the expected output
-frame (None: the input, untouched) and the event it must count.
+frame (None: the input, untouched) and the events it must count, each exactly once.
+
+The daisy-chaining cases (``test_chain_*``) run inside a network namespace of their own
+that this thread enters (``chain_ns``): real TCP sockets own or do not own the inner
+4-tuples, and bpf_fib_lookup() sees a veth with permanent neighbours for the next hops.
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import ipaddress
+import itertools
 import os
 import shutil
+import socket
 import struct
+import subprocess
+import time
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 from scapy.layers.inet import IP, TCP, UDP
@@ -20,6 +30,9 @@ from scapy.layers.l2 import ARP, Ether
 from scapy.packet import Packet
 
 from xdplb import abi, paths
+from xdplb.datapath import Program
+from xdplb.datapath.testrun import TestRunResult
+from xdplb.lab import netns
 from xdplb.lab.host import configure_host
 from xdplb.lab.packets import IPPROTO_IPIP, ether, gue_encap, gue_header, ipip_encap
 
@@ -53,38 +66,48 @@ class Case:
     desc: str
     frame: bytes
     retval: int
-    event: abi.HostEvent
+    events: tuple[abi.HostEvent, ...]
     #: Expected output frame; None means the input comes out untouched.
     out: bytes | None = None
 
 
-def decap(desc: str, outer: Packet, inner: Packet, event: abi.HostEvent) -> Case:
-    return Case(desc, ether(outer), TC_ACT_OK, event, ether(inner))
+def decap(desc: str, outer: Packet, inner: Packet, *events: abi.HostEvent) -> Case:
+    return Case(desc, ether(outer), TC_ACT_OK, events, ether(inner))
 
 
 def passes(desc: str, frame: bytes | Packet) -> Case:
     data = frame if isinstance(frame, bytes) else ether(frame)
-    return Case(desc, data, TC_ACT_OK, abi.HostEvent.PASS)
+    return Case(desc, data, TC_ACT_OK, (abi.HostEvent.PASS,))
 
 
 def dropped(desc: str, outer: Packet) -> Case:
-    return Case(desc, ether(outer), TC_ACT_SHOT, abi.HostEvent.DROP_MALFORMED)
+    return Case(desc, ether(outer), TC_ACT_SHOT, (abi.HostEvent.DROP_MALFORMED,))
 
 
 GUE, IPIP = abi.HostEvent.DECAP_GUE, abi.HostEvent.DECAP_IPIP
+NOT_TCP, SYN = abi.HostEvent.ACCEPT_NOT_TCP, abi.HostEvent.ACCEPT_SYN
+INNER4_SYN = IP(src="198.18.0.1", dst="198.18.100.1") / TCP(sport=40001, dport=80, flags="S")
 V4_OUT = IP(src=str(LB4), dst=str(HOST4))
 V6_OUT = IPv6(src=str(LB6), dst=str(HOST6))
 
 CASES = [
-    decap("GUE, IPv4 in IPv4", gue_encap(INNER4, LB4, HOST4), INNER4, GUE),
-    decap("GUE, IPv6 in IPv6", gue_encap(INNER6, LB6, HOST6), INNER6, GUE),
-    decap("GUE, IPv4 in IPv6 (family change)", gue_encap(INNER4, LB6, HOST6), INNER4, GUE),
-    decap("GUE, IPv6 in IPv4 (family change)", gue_encap(INNER6, LB4, HOST4), INNER6, GUE),
+    decap("GUE, IPv4 in IPv4", gue_encap(INNER4, LB4, HOST4), INNER4, GUE, NOT_TCP),
+    decap("GUE, IPv6 in IPv6", gue_encap(INNER6, LB6, HOST6), INNER6, GUE, SYN),
+    decap("GUE, IPv4 in IPv6 (family change)", gue_encap(INNER4, LB6, HOST6), INNER4, GUE, NOT_TCP),
+    decap("GUE, IPv6 in IPv4 (family change)", gue_encap(INNER6, LB4, HOST4), INNER6, GUE, SYN),
     decap(
-        "GUE, two IPv6 hops (Beamer second hop)",
+        "GUE, two IPv6 hops, SYN: the first hop takes it",
         gue_encap(INNER6, LB6, HOST6, hops=[HOST6, OTHER6]),
         INNER6,
         GUE,
+        SYN,
+    ),
+    decap(
+        "GUE, two IPv4 hops, SYN: the first hop takes it",
+        gue_encap(INNER4_SYN, LB4, HOST4, hops=[HOST4, OTHER4]),
+        INNER4_SYN,
+        GUE,
+        SYN,
     ),
     decap("IPIP", ipip_encap(INNER4, LB4, HOST4), INNER4, IPIP),
     decap("IP6IP6", ipip_encap(INNER6, LB6, HOST6), INNER6, IPIP),
@@ -173,6 +196,17 @@ def _events(obj: object) -> dict[abi.HostEvent, int]:
     }
 
 
+def _assert_moved(
+    before: dict[abi.HostEvent, int], after: dict[abi.HostEvent, int], *events: abi.HostEvent
+) -> None:
+    """Each of ``events`` moved by exactly one, every other event not at all."""
+    delta = {ev: after[ev] - before[ev] for ev in abi.HostEvent}
+    want = {ev: int(ev in events) for ev in abi.HostEvent}
+    assert {ev.name: n for ev, n in delta.items() if n} == {
+        ev.name: n for ev, n in want.items() if n
+    }
+
+
 def _diff(got: bytes, want: bytes) -> str:
     """A readable packet diff for assertion messages."""
     lines = [
@@ -194,8 +228,7 @@ def test_host_tc(host_obj: object, case: Case) -> None:
     after = _events(host_obj)
 
     assert res.retval == case.retval, case.desc
-    delta = {ev: after[ev] - before[ev] for ev in abi.HostEvent}
-    assert delta == {ev: int(ev == case.event) for ev in abi.HostEvent}
+    _assert_moved(before, after, *case.events)
     if case.retval == TC_ACT_OK:
         want = case.frame if case.out is None else case.out
         assert res.data == want, _diff(res.data, want)
@@ -214,3 +247,322 @@ def test_gue_port_zero_means_no_gue(host_obj: object) -> None:
         cfg.update(zero, saved)
     assert res.retval == TC_ACT_OK
     assert res.data == frame
+
+
+# --- Daisy chaining (docs/datapath.md, "host_tc", second chance) -----------------------
+
+#: Another address of the backend network with no neighbour entry (FIB: no neighbour).
+UNRESOLVED4 = ipaddress.ip_address("198.18.0.13")
+#: An address with no route at all in the test namespace (FIB: unreachable).
+UNROUTED4 = ipaddress.ip_address("198.19.0.99")
+HOST_MAC = "02:00:00:00:00:11"
+OTHER_MAC = "02:00:00:00:00:12"
+CLIENT = {4: ipaddress.ip_address("198.18.0.1"), 6: ipaddress.ip_address("fd78:6470:6c62::1")}
+VIP = {4: ipaddress.ip_address("198.18.100.1"), 6: ipaddress.ip_address("fd78:6470:6c62:100::1")}
+HOST = {4: HOST4, 6: HOST6}
+OTHER = {4: OTHER4, 6: OTHER6}
+LB = {4: LB4, 6: LB6}
+#: A port with no socket in the namespace.
+NOBODY_PORT = 9
+
+#: Offsets in struct __sk_buff (UAPI, stable) of the two fields a TC test_run may set
+#: to choose the device: skb->dev is ``ifindex``, skb->skb_iif ``ingress_ifindex``.
+SKB_INGRESS_IFINDEX, SKB_IFINDEX, SKB_CTX_LEN = 36, 40, 44
+TC_ACT_REDIRECT = 7
+
+_serial = itertools.count()
+
+
+@dataclasses.dataclass(frozen=True)
+class ChainNs:
+    name: str
+    ifindex: int
+
+
+@pytest.fixture(scope="module")
+def chain_ns() -> Iterator[ChainNs]:
+    """A namespace ``xdplbt-<pid>-chain<n>`` that this thread enters for the module:
+
+    veth h0 (MAC HOST_MAC, HOST4/24, HOST6/64, forwarding on) and its peer h0p, up; permanent
+    neighbours OTHER4 and OTHER6 → OTHER_MAC on h0; the VIPs and the client addresses on
+    lo; tcp_syncookies = 2 (every SYN is answered with a cookie).
+    """
+    if os.geteuid() != 0:
+        pytest.skip("needs root (netns, bpf syscalls)")
+    name = f"xdplbt-{os.getpid()}-chain{next(_serial)}"
+    subprocess.run(["ip", "netns", "add", name], check=True, capture_output=True)
+    try:
+        with netns.enter(name):
+            yield ChainNs(name, _configure_chain_ns())
+    finally:
+        subprocess.run(["ip", "netns", "del", name], check=False, capture_output=True)
+
+
+def _configure_chain_ns() -> int:
+    """Runs inside the namespace: sockets and /proc/sys/net below are its own."""
+    from pyroute2 import IPRoute
+    from pyroute2.netlink.rtnl.ifaddrmsg import IFA_F_NODAD
+    from pyroute2.netlink.rtnl.ndmsg import states
+
+    Path("/proc/sys/net/ipv4/tcp_syncookies").write_text("2\n")
+    with IPRoute() as ipr:
+        (lo,) = ipr.link_lookup(ifname="lo")
+        ipr.link("set", index=lo, state="up")
+        ipr.link("add", ifname="h0", kind="veth", peer="h0p")
+        (h0,) = ipr.link_lookup(ifname="h0")
+        # bpf_fib_lookup() answers FWD_DISABLED on a device without forwarding.
+        for proto in ("ipv4", "ipv6"):
+            Path(f"/proc/sys/net/{proto}/conf/h0/forwarding").write_text("1\n")
+        (h0p,) = ipr.link_lookup(ifname="h0p")
+        ipr.link("set", index=h0, address=HOST_MAC)
+        for idx in (h0p, h0):
+            ipr.link("set", index=idx, state="up")
+        ipr.addr("add", index=h0, address=str(HOST4), prefixlen=24)
+        ipr.addr("add", index=h0, address=str(HOST6), prefixlen=64, flags=IFA_F_NODAD)
+        for fam in (4, 6):
+            plen = 32 if fam == 4 else 128
+            for addr in (VIP[fam], CLIENT[fam]):
+                ipr.addr("add", index=lo, address=str(addr), prefixlen=plen, flags=IFA_F_NODAD)
+            ipr.neigh(
+                "add",
+                dst=str(OTHER[fam]),
+                lladdr=OTHER_MAC,
+                ifindex=h0,
+                state=states["permanent"],
+            )
+    return int(h0)
+
+
+def tc_run(prog: Program, frame: bytes, ifindex: int) -> TestRunResult:
+    """BPF_PROG_TEST_RUN of a TC program as if ``frame`` arrived on ``ifindex`` of this
+    thread's namespace (xdplb.datapath.test_run only passes an ifindex to XDP)."""
+    from xdplb.datapath._ffi import check, ffi, lib, new_opts
+
+    size_out = len(frame) + 256
+    data_out = ffi.new("char[]", size_out)
+    ctx = ffi.new("char[]", SKB_CTX_LEN)
+    struct.pack_into("<II", ffi.buffer(ctx), SKB_INGRESS_IFINDEX, ifindex, ifindex)
+    opts = new_opts(
+        "bpf_test_run_opts",
+        data_in=ffi.from_buffer(frame),
+        data_size_in=len(frame),
+        data_out=data_out,
+        data_size_out=size_out,
+        ctx_in=ctx,
+        ctx_size_in=SKB_CTX_LEN,
+        repeat=1,
+    )
+    check(lib.bpf_prog_test_run_opts(prog.fd, opts), "bpf_prog_test_run_opts(host_tc)")
+    return TestRunResult(opts.retval, ffi.buffer(data_out, opts.data_size_out)[:], opts.duration)
+
+
+def _ip(fam: int) -> type[Packet]:
+    return IP if fam == 4 else IPv6
+
+
+def _inner_tcp(
+    fam: int, sport: int, dport: int, flags: str, seq: int = 1000, ack: int = 2000
+) -> Packet:
+    ip = _ip(fam)(src=str(CLIENT[fam]), dst=str(VIP[fam]))
+    return ip / TCP(sport=sport, dport=dport, flags=flags, seq=seq, ack=ack) / b"data"
+
+
+def _chain(
+    obj: object, ns: ChainNs, frame: bytes, retval: int, want: bytes, *events: abi.HostEvent
+) -> None:
+    prog = obj.program("host_tc")  # type: ignore[attr-defined]
+    before = _events(obj)
+    res = tc_run(prog, frame, ns.ifindex)
+    after = _events(obj)
+    _assert_moved(before, after, *events)
+    assert res.retval == retval
+    assert res.data == want, _diff(res.data, want)
+
+
+def _accepted(
+    obj: object,
+    ns: ChainNs,
+    inner: Packet,
+    event: abi.HostEvent,
+    hops: list[abi.IPAddress],
+    next_hop: int = 0,
+) -> None:
+    """GUE from the LB to hops[next_hop] (this host) is decapsulated here, ``event``."""
+    outer = gue_encap(inner, LB[hops[0].version], hops[next_hop], hops=hops, next_hop=next_hop)
+    _chain(obj, ns, ether(outer), TC_ACT_OK, ether(inner), GUE, event)
+
+
+@pytest.fixture(params=[4, 6], ids=["v4", "v6"])
+def conn(chain_ns: ChainNs, request: pytest.FixtureRequest) -> Iterator[tuple[int, int, int]]:
+    """A real established TCP connection CLIENT → VIP in the namespace, per family;
+    yields (family, client port, VIP port)."""
+    fam = request.param
+    af = socket.AF_INET if fam == 4 else socket.AF_INET6
+    with contextlib.ExitStack() as stack:
+        lsn = stack.enter_context(socket.socket(af, socket.SOCK_STREAM))
+        lsn.bind((str(VIP[fam]), 0))
+        lsn.listen()
+        cli = stack.enter_context(socket.socket(af, socket.SOCK_STREAM))
+        cli.bind((str(CLIENT[fam]), 0))
+        cli.connect(lsn.getsockname()[:2])
+        srv, _ = lsn.accept()
+        stack.enter_context(srv)
+        yield fam, cli.getsockname()[1], lsn.getsockname()[1]
+
+
+def test_chain_owned_connection_accepted(
+    host_obj: object, chain_ns: ChainNs, conn: tuple[int, int, int]
+) -> None:
+    """A non-SYN of an established local connection stays here, even with a second hop."""
+    fam, cport, vport = conn
+    inner = _inner_tcp(fam, cport, vport, "PA")
+    _accepted(host_obj, chain_ns, inner, abi.HostEvent.ACCEPT_OWNED, [HOST[fam], OTHER[fam]])
+
+
+@pytest.mark.parametrize("fam", [4, 6], ids=["v4", "v6"])
+@pytest.mark.parametrize("flags", ["A", "PA", "FA", "R"])
+def test_chain_forward_unowned(host_obj: object, chain_ns: ChainNs, fam: int, flags: str) -> None:
+    """Non-SYN, no local socket, a second hop: the same frame leaves for the second hop,
+    outer source = this host, destination = hop 1, next hop index 1, IPv4 checksum
+    right (scapy computes the expected one), MACs from h0 and the permanent neighbour."""
+    inner = _inner_tcp(fam, 40002, NOBODY_PORT, flags)
+    hops = [HOST[fam], OTHER[fam]]
+    frame = ether(gue_encap(inner, LB[fam], HOST[fam], hops=hops))
+    want = ether(
+        gue_encap(inner, HOST[fam], OTHER[fam], hops=hops, next_hop=1),
+        src=HOST_MAC,
+        dst=OTHER_MAC,
+    )
+    _chain(host_obj, chain_ns, frame, TC_ACT_REDIRECT, want, abi.HostEvent.FORWARD)
+
+
+@pytest.mark.parametrize("fam", [4, 6], ids=["v4", "v6"])
+def test_chain_forward_ack_to_listener_without_cookie(
+    host_obj: object, chain_ns: ChainNs, fam: int
+) -> None:
+    """A listener on the port does not own an ACK that is not its SYN cookie."""
+    af = socket.AF_INET if fam == 4 else socket.AF_INET6
+    with socket.socket(af, socket.SOCK_STREAM) as lsn:
+        lsn.bind((str(VIP[fam]), 0))
+        lsn.listen()
+        port = lsn.getsockname()[1]
+        inner = _inner_tcp(fam, 40003, port, "A", seq=1, ack=12345)
+        hops = [HOST[fam], OTHER[fam]]
+        frame = ether(gue_encap(inner, LB[fam], HOST[fam], hops=hops))
+        want = ether(
+            gue_encap(inner, HOST[fam], OTHER[fam], hops=hops, next_hop=1),
+            src=HOST_MAC,
+            dst=OTHER_MAC,
+        )
+        _chain(host_obj, chain_ns, frame, TC_ACT_REDIRECT, want, abi.HostEvent.FORWARD)
+
+
+@pytest.mark.parametrize("fam", [4, 6], ids=["v4", "v6"])
+def test_chain_last_resort(host_obj: object, chain_ns: ChainNs, fam: int) -> None:
+    """No socket and no hop left: decapsulated here (the stack answers with a reset)."""
+    inner = _inner_tcp(fam, 40004, NOBODY_PORT, "A")
+    last = abi.HostEvent.ACCEPT_LAST_RESORT
+    _accepted(host_obj, chain_ns, inner, last, [HOST[fam]])
+    # Arrived as the second hop of two: nothing after it either.
+    _accepted(host_obj, chain_ns, inner, last, [OTHER[fam], HOST[fam]], next_hop=1)
+
+
+@pytest.mark.parametrize("fam", [4, 6], ids=["v4", "v6"])
+def test_chain_loop_guard(host_obj: object, chain_ns: ChainNs, fam: int) -> None:
+    """The next hop is one of this host's addresses: never forward to ourselves."""
+    inner = _inner_tcp(fam, 40005, NOBODY_PORT, "A")
+    _accepted(host_obj, chain_ns, inner, abi.HostEvent.ACCEPT_LOOP, [HOST[fam], HOST[fam]])
+
+
+def test_chain_forward_failed(host_obj: object, chain_ns: ChainNs) -> None:
+    """No route to the next hop: taken here, counted apart, untouched."""
+    inner = _inner_tcp(4, 40006, NOBODY_PORT, "A")
+    _accepted(host_obj, chain_ns, inner, abi.HostEvent.FORWARD_FAILED, [HOST4, UNROUTED4])
+
+
+def test_chain_forward_without_neighbour(host_obj: object, chain_ns: ChainNs) -> None:
+    """The next hop is on link but not resolved yet: the outer header is rewritten and
+    bpf_redirect_neigh() leaves the MACs to the kernel's neighbour resolution (the
+    frame keeps the ones it came with) rather than resetting someone else's connection."""
+    inner = _inner_tcp(4, 40008, NOBODY_PORT, "A")
+    hops = [HOST4, UNRESOLVED4]
+    frame = ether(gue_encap(inner, LB[4], HOST4, hops=hops))
+    want = ether(gue_encap(inner, HOST4, UNRESOLVED4, hops=hops, next_hop=1))
+    _chain(host_obj, chain_ns, frame, TC_ACT_REDIRECT, want, abi.HostEvent.FORWARD)
+
+
+@pytest.mark.parametrize("fam", [4, 6], ids=["v4", "v6"])
+def test_chain_udp_never_chained(host_obj: object, chain_ns: ChainNs, fam: int) -> None:
+    """UDP has no connection to look up: whichever hop it reaches takes it."""
+    inner = _ip(fam)(src=str(CLIENT[fam]), dst=str(VIP[fam])) / UDP(sport=1, dport=53) / b"q"
+    not_tcp = abi.HostEvent.ACCEPT_NOT_TCP
+    _accepted(host_obj, chain_ns, inner, not_tcp, [HOST[fam], OTHER[fam]])
+    _accepted(host_obj, chain_ns, inner, not_tcp, [OTHER[fam], HOST[fam]], next_hop=1)
+
+
+def test_chain_syn_accepted_in_ns(host_obj: object, chain_ns: ChainNs) -> None:
+    """A SYN stays with the first hop even where nothing listens on its port."""
+    inner = _inner_tcp(4, 40007, NOBODY_PORT, "S")
+    _accepted(host_obj, chain_ns, inner, abi.HostEvent.ACCEPT_SYN, [HOST4, OTHER4])
+
+
+def _syn_cookie(fam: int, sport: int, dport: int, isn: int) -> int:
+    """The kernel's SYN cookie for CLIENT:sport → VIP:dport: send a bare SYN (no
+    options) from a raw socket to the listener (tcp_syncookies = 2 answers every SYN
+    with a cookie) and read the SYN-ACK's sequence number. The SYN-ACK reaches no
+    socket, so the kernel resets it; the listener kept no state to reset."""
+    syn = _ip(fam)(src=str(CLIENT[fam]), dst=str(VIP[fam])) / TCP(
+        sport=sport, dport=dport, flags="S", seq=isn, window=65535
+    )
+    tcp = bytes(syn[TCP])  # checksum computed over the right pseudo-header
+    af = socket.AF_INET if fam == 4 else socket.AF_INET6
+    with socket.socket(af, socket.SOCK_RAW, socket.IPPROTO_TCP) as raw:
+        raw.settimeout(2.0)
+        raw.bind((str(CLIENT[fam]), 0))
+        raw.sendto(tcp, (str(VIP[fam]), 0))
+        deadline = time.monotonic() + 2.0
+        while time.monotonic() < deadline:
+            data = raw.recv(4096)
+            # IPv4 raw sockets deliver the IP header, IPv6 ones do not.
+            seg = TCP(IP(data).payload.original if fam == 4 else data)
+            if seg.sport == dport and seg.dport == sport and seg.flags == "SA":
+                assert seg.ack == isn + 1
+                return int(seg.seq)
+    pytest.fail("no SYN-ACK from the listener")
+
+
+@pytest.mark.parametrize("fam", [4, 6], ids=["v4", "v6"])
+def test_chain_syncookie_ack_accepted(host_obj: object, chain_ns: ChainNs, fam: int) -> None:
+    """The ACK that completes a cookie handshake belongs to the listener that sent the
+    cookie (no socket exists yet): accepted here. The same ACK with a broken cookie is
+    not the listener's: forwarded to the second hop."""
+    af = socket.AF_INET if fam == 4 else socket.AF_INET6
+    hops = [HOST[fam], OTHER[fam]]
+    with socket.socket(af, socket.SOCK_STREAM) as lsn:
+        lsn.bind((str(VIP[fam]), 0))
+        lsn.listen()
+        port = lsn.getsockname()[1]
+        isn = 0x1234567
+        cookie = _syn_cookie(fam, 40008, port, isn)
+        ack = _inner_tcp(fam, 40008, port, "A", seq=isn + 1, ack=(cookie + 1) & 0xFFFFFFFF)
+        _accepted(host_obj, chain_ns, ack, abi.HostEvent.ACCEPT_SYNCOOKIE, hops)
+
+        # The cookie's low 24 bits decode to an MSS index 0..3: +0x1000 is out of range
+        # (a cookie off by one or two is still valid, with another MSS).
+        bad_ack = (cookie + 1 + 0x1000) & 0xFFFFFFFF
+        bad = _inner_tcp(fam, 40008, port, "A", seq=isn + 1, ack=bad_ack)
+        frame = ether(gue_encap(bad, LB[fam], HOST[fam], hops=hops))
+        want = ether(
+            gue_encap(bad, HOST[fam], OTHER[fam], hops=hops, next_hop=1),
+            src=HOST_MAC,
+            dst=OTHER_MAC,
+        )
+        _chain(host_obj, chain_ns, frame, TC_ACT_REDIRECT, want, abi.HostEvent.FORWARD)
+
+
+def test_chain_ipip_never_chained(host_obj: object, chain_ns: ChainNs) -> None:
+    """IPIP has no hop list: a non-SYN nobody owns is still decapsulated here, and
+    none of the chaining events moves."""
+    inner = _inner_tcp(4, 40009, NOBODY_PORT, "A")
+    frame = ether(ipip_encap(inner, LB4, HOST4))
+    _chain(host_obj, chain_ns, frame, TC_ACT_OK, ether(inner), IPIP)

@@ -13,6 +13,7 @@ import struct
 import lb_fixtures as fx
 import pytest
 from lb_harness import Counters, Lb
+from scapy.layers.inet import TCP
 from scapy.layers.l2 import Ether
 from scapy.utils import hexdump
 
@@ -121,6 +122,21 @@ def test_new_flow_is_recorded_with_its_hash(lb: Lb) -> None:
     conn = lb.conn(frame)
     assert conn is not None
     assert (conn.backend_id, conn.hash) == (be_id, h)
+
+
+def test_beamer_records_only_connections_that_start_on_the_first_hop(lb: Lb) -> None:
+    """A mid-flow TCP packet of a Beamer VIP may be its second hop's: forwarded with both
+    hops, every time, and never recorded; a SYN is recorded as usual."""
+    vip = fx.VIPS["beamer"]
+    ack_pkt = fx.client_frame(vip.addr, vip.port, sport=42001, lb_mac=lb.env.lb_mac)
+    ack_pkt[TCP].flags = "A"  # from a connection made before this LB knew the flow
+    ack = bytes(ack_pkt)
+    for _ in range(2):
+        run_case(lb, ack, fx._beamer(lb.env, ack))
+        assert lb.conn(ack) is None
+    syn = _frame(lb, "beamer", sport=42000)
+    run_case(lb, syn, fx._beamer(lb.env, syn))
+    assert lb.conn(syn) is not None
 
 
 def test_second_packet_hits_the_connection_table_after_a_table_change(lb: Lb) -> None:

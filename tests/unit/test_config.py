@@ -94,6 +94,9 @@ def _set(data: dict[str, Any], path: tuple[Any, ...], value: Any) -> dict[str, A
         (("tunnel", "gue_port"), 0, "tunnel.gue_port", ""),
         (("tunnel", "source_v4"), None, "vips[0].backends[0].address", "source_v4"),
         (("vips", 0, "colour"), "red", "vips[0].colour", "Extra"),
+        (("vips", 0, "table"), "ring", "vips[0].table", "beamer"),
+        (("vips", 0, "beamer"), {"max_step": 0}, "vips[0].beamer.max_step", "greater than 0"),
+        (("vips", 0, "beamer"), {"min_interval": -1}, "vips[0].beamer.min_interval", ""),
     ],
 )
 def test_errors_name_the_field(path: tuple[Any, ...], value: Any, field: str, text: str) -> None:
@@ -102,6 +105,21 @@ def test_errors_name_the_field(path: tuple[Any, ...], value: Any, field: str, te
         parse_config(data)
     assert exc.value.field == field
     assert text in str(exc.value)
+
+
+def test_beamer_tables_need_no_prime() -> None:
+    data = good()
+    data["vips"][0].update(table="beamer", table_size=65536, beamer={"min_interval": 5})
+    cfg = parse_config(data)
+    assert cfg.vip_table_size(cfg.vips[0]) == 65536
+    assert cfg.vips[0].beamer.min_interval == 5
+    del data["vips"][0]["table_size"]
+    cfg = parse_config(data)
+    assert cfg.vip_table_size(cfg.vips[0]) == 65536, "Beamer's own default size"
+    data["vips"][0]["table_size"] = 0
+    with pytest.raises(ConfigError) as exc:
+        parse_config(data)
+    assert exc.value.field == "vips[0].table_size"
 
 
 def test_duplicates_are_refused() -> None:

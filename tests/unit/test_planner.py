@@ -11,6 +11,7 @@ import pytest
 from xdplb import abi
 from xdplb.config import Config, parse_config
 from xdplb.planner import (
+    BeamerMemory,
     DeleteBackend,
     DeleteTable,
     DeleteVip,
@@ -188,3 +189,53 @@ def test_new_vip_never_reuses_an_id_still_live() -> None:
     check_safe_order(snap, ops)
     old_id = snap.vips[Vip(ip("198.18.100.1"), 80, abi.IPPROTO_TCP)].vip_id
     assert snap2.vips[Vip(ip("198.18.100.3"), 80, abi.IPPROTO_TCP)].vip_id != old_id
+
+
+def beamer_vip(*backends: str | tuple[str, int], **policy: float) -> dict[str, Any]:
+    return vip("198.18.100.1", 80, *backends, table="beamer", table_size=4096, beamer=policy)
+
+
+def test_beamer_tables_keep_the_old_first_hop_as_second_hop() -> None:
+    cfg = config([beamer_vip("198.18.0.11", "198.18.0.12", min_interval=10, max_step=1.0)])
+    ops, snap = converge(cfg, Snapshot())
+    key = vip_key(cfg.vips[0])
+    assert snap.vips[key].table_kind is abi.TableKind.BEAMER
+    table = snap.tables[snap.vips[key].vip_id]
+    assert table.second is None and len(table) == 4096
+    put = next(o for o in ops if isinstance(o, PutTable))
+    assert put.beamer_table is not None
+    memory = {put.vip_id: BeamerMemory(put.beamer_table, changed_at=100.0)}
+
+    # Add a backend: its buckets come from the others, which become their second hops.
+    cfg2 = config(
+        [beamer_vip("198.18.0.11", "198.18.0.12", "198.18.0.13", min_interval=10, max_step=1.0)]
+    )
+    early = plan(cfg2, snap, now=105.0, memory=memory)
+    assert not [o for o in early if isinstance(o, PutTable)], "inside the minimum interval"
+    ops2 = plan(cfg2, snap, now=110.0, memory=memory)
+    new_be = [o for o in ops2 if isinstance(o, PutBackend)]
+    assert len(new_be) == 1
+    snap2 = apply_to_snapshot(snap, ops2)
+    t2 = snap2.tables[snap.vips[key].vip_id]
+    moved = t2.first != table.first
+    assert t2.second is not None
+    assert (t2.first[moved] == new_be[0].backend_id).all()
+    assert (t2.second[moved] == table.first[moved]).all(), "old owner is the second hop"
+    assert not t2.second[~moved].any()
+    assert abs(moved.sum() - 4096 / 3) <= 1
+
+
+def test_a_removed_backend_stays_while_it_is_a_second_hop() -> None:
+    three = ("198.18.0.11", "198.18.0.12", "198.18.0.13")
+    cfg = config([beamer_vip(*three, min_interval=0, max_step=1.0)])
+    _, snap = converge(cfg, Snapshot())
+    gone = next(i for i, b in snap.backends.items() if b.addr == ip("198.18.0.13"))
+    cfg2 = config([beamer_vip(*three[:2], min_interval=0, max_step=1.0)])
+    ops, snap2 = converge(cfg2, snap)
+    assert DeleteBackend(gone) not in ops
+    assert snap2.backends[gone].active, "it still serves the connections it had"
+    table = next(iter(snap2.tables.values()))
+    assert gone not in table.counts() and table.second is not None and gone in table.second
+    # Once no table names it (the VIP goes Maglev), it leaves.
+    ops3, snap3 = converge(config([vip("198.18.100.1", 80, *three[:2])]), snap2)
+    assert DeleteBackend(gone) in ops3 and not snap3.backends[gone].active

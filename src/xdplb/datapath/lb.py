@@ -84,6 +84,12 @@ class LbMaps:
             raise FileNotFoundError(f"{pin_root}: no pinned {', '.join(missing)}: is it running?")
         return cls({n: Map.from_pinned(pin_root / n) for n in MAP_NAMES})
 
+    def __enter__(self) -> LbMaps:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
     def __getitem__(self, name: str) -> Map:
         return self.maps[name]
 

@@ -24,15 +24,26 @@ from xdplb.lab.topology import Lab
 
 
 class LbNode:
-    """``xdplb run`` in the lab's ``lb`` namespace, driven through its config file."""
+    """``xdplb run`` in a lab namespace (``lb``, or a backend when co-located), driven
+    through its config file."""
 
-    def __init__(self, lab: Lab, workdir: Path, vips: list[dict[str, Any]], **extra: Any) -> None:
+    def __init__(
+        self,
+        lab: Lab,
+        workdir: Path,
+        vips: list[dict[str, Any]],
+        *,
+        node: str = "lb",
+        **extra: Any,
+    ) -> None:
         self.lab = lab
-        self.instance = f"{lab.prefix}-lb"
+        self.node = node
+        self.instance = f"{lab.prefix}-lb" if node == "lb" else f"{lab.prefix}-{node}lb"
         self.config_path = workdir / f"{self.instance}.yaml"
         self.log_path = workdir / f"{self.instance}.log"
         self.proc: subprocess.Popen[bytes] | None = None
-        lab.pin_root("lb")  # the lab removes our pins at teardown, whatever happens
+        # The lab removes our pins at teardown, whatever happens.
+        lab.pin_root("lb" if node == "lb" else f"{node}lb")
         lab.on_teardown(self.destroy)
         self.doc: dict[str, Any] = {}
         self.write(vips, **extra)
@@ -44,8 +55,8 @@ class LbNode:
             "interfaces": ["eth0"],
             "table_size": 65537,
             "tunnel": {
-                "source_v4": str(self.lab.addr("lb", 4)),
-                "source_v6": str(self.lab.addr("lb", 6)),
+                "source_v4": str(self.lab.addr(self.node, 4)),
+                "source_v6": str(self.lab.addr(self.node, 6)),
             },
             "vips": vips,
         }
@@ -67,7 +78,7 @@ class LbNode:
             raise LabError("the LB daemon is already running")
         log = self.log_path.open("ab")
         self.proc = self.lab.popen(
-            "lb",
+            self.node,
             [sys.executable, "-m", "xdplb.cli", "run", "-c", str(self.config_path)],
             stdout=log,
             stderr=subprocess.STDOUT,

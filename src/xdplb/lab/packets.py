@@ -54,10 +54,15 @@ def gue_encap(
     sport: int = 0x8000 | 0x1234,
     gue_port: int = GUE_PORT,
     hops: Sequence[IPAddress] | None = None,
+    next_hop: int = 0,
 ) -> Packet:
-    """Outer IP + UDP (checksum 0, as lb_xdp sends it) + GUE + ``inner``."""
+    """Outer IP + UDP (checksum 0, as lb_xdp sends it) + GUE + ``inner``.
+
+    ``hops`` defaults to ``[outer_dst]``; ``next_hop`` is the index of the hop the packet
+    is going to (0 from the balancer, 1 after a host forwarded it, ...).
+    """
     hop_list = list(hops) if hops is not None else [outer_dst]
-    gue = gue_header(_inner_proto(inner), hop_list)
+    gue = gue_header(_inner_proto(inner), hop_list, next_hop)
     return (
         _outer_ip(outer_src, outer_dst, 17)
         / UDP(sport=sport, dport=gue_port, chksum=0)

@@ -205,10 +205,14 @@ class Lab:
         vips: Sequence[IPAddress | str] = DEFAULT_VIPS,
         *,
         peer_xdp: bool = True,
+        colocated: bool = False,
     ) -> None:
         """``backends``: how many backend hosts (b1..bN, .11, .12, ...). ``vips``: the
         addresses put on every backend's loopback. ``peer_xdp``: attach xdp_pass to
-        the bridge-side peer of the LB's veth, so XDP_TX on the LB delivers."""
+        the bridge-side peer of the LB's veth, so XDP_TX on the LB delivers.
+        ``colocated``: every backend is also a balancer (Unimog, Nickel): the client
+        spreads VIP traffic over the backends by ECMP, and the backends forward like
+        the LB does (the ``lb`` node is still there, unused)."""
         if not 1 <= backends <= 50:
             raise LabError(f"backends must be 1..50, not {backends}")
         self.vips: list[IPAddress] = []
@@ -217,6 +221,7 @@ class Lab:
             check_lab_address(addr)
             self.vips.append(addr)
         self.peer_xdp = peer_xdp
+        self.colocated = colocated
         self.prefix = _new_prefix()
         names = ["client", "lb"] + [f"b{i}" for i in range(1, backends + 1)]
         self.nodes: dict[str, Node] = {}
@@ -357,7 +362,7 @@ class Lab:
         for node in self.nodes.values():
             self._plug(node)
         self._setup_client()
-        self._setup_lb()
+        self._setup_forwarding("lb")
         for name in self.backends:
             self._setup_backend(self.nodes[name])
         if self.peer_xdp:
@@ -393,8 +398,20 @@ class Lab:
 
     def _setup_client(self) -> None:
         client, lb = self.nodes["client"], self.nodes["lb"]
-        _ip("-n", client.ns, "route", "add", str(VIP_NET4), "via", str(lb.v4))
-        _ip("-n", client.ns, "route", "add", str(VIP_NET6), "via", str(lb.v6))
+        if self.colocated:
+            # ECMP over the backends, hashed on the 5-tuple as a router would.
+            for net, fam in ((VIP_NET4, 4), (VIP_NET6, 6)):
+                hops = [
+                    arg for b in self.backends for arg in ("nexthop", "via", str(self.addr(b, fam)))
+                ]
+                _ip("-n", client.ns, "route", "add", str(net), *hops)
+            self._sysctl(
+                "client",
+                {"net.ipv4.fib_multipath_hash_policy": 1, "net.ipv6.fib_multipath_hash_policy": 1},
+            )
+        else:
+            _ip("-n", client.ns, "route", "add", str(VIP_NET4), "via", str(lb.v4))
+            _ip("-n", client.ns, "route", "add", str(VIP_NET6), "via", str(lb.v6))
         # Checksums computed by the client itself: XDP_TX on the LB turns the skb into
         # a bare frame, and a CHECKSUM_PARTIAL packet would reach the backend with only
         # the pseudo-header sum in its L4 checksum.
@@ -408,9 +425,9 @@ class Lab:
             },
         )
 
-    def _setup_lb(self) -> None:
+    def _setup_forwarding(self, name: str) -> None:
         self._sysctl(
-            "lb",
+            name,
             {
                 "net.ipv4.ip_forward": 1,
                 "net.ipv6.conf.all.forwarding": 1,
@@ -427,7 +444,7 @@ class Lab:
                 f"net.ipv4.conf.{IFNAME}.rp_filter": 0,
             },
         )
-        self._clamp_to_client("lb")
+        self._clamp_to_client(name)
 
     def _clamp_to_client(self, name: str) -> None:
         # A veth drops frames larger than its receiving end's MTU, silently: packets to
@@ -455,7 +472,10 @@ class Lab:
                 "net.ipv4.conf.all.arp_announce": 2,
             },
         )
-        self._clamp_to_client(node.name)
+        # Backends forward too: host_tc passes packets of connections they do not have
+        # to the next hop (daisy chaining), and bpf_fib_lookup() refuses unless the
+        # device forwards. Co-located, they also balance like the LB.
+        self._setup_forwarding(node.name)
 
     def _add_vip(self, node: Node, vip: IPAddress) -> None:
         plen = 32 if vip.version == 4 else 128
@@ -478,10 +498,13 @@ class Lab:
 
         obj = BpfObject.load(paths.bpf_object("xdp_pass"))
         self.on_teardown(obj.close)
+        # Co-located, every backend balances too, so every backend's port needs it.
+        ports = ["lb", *self.backends] if self.colocated else ["lb"]
         with self.enter(SWITCH):
-            ifindex = socket.if_nametoindex("lb")
-            link = attach_xdp(obj.program("xdp_pass"), ifindex, XdpMode.NATIVE)
-        self.on_teardown(link.close)
+            for port in ports:
+                ifindex = socket.if_nametoindex(port)
+                link = attach_xdp(obj.program("xdp_pass"), ifindex, XdpMode.NATIVE)
+                self.on_teardown(link.close)
 
     # -- registry and teardown ------------------------------------------------------------
 

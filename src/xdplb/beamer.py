@@ -1,0 +1,411 @@
+"""Beamer lookup tables (Olteanu et al., NSDI 2018), as Unimog and Nickel use them.
+
+lb_xdp hashes a flow to one of B buckets (``hash % B``, any B >= 1) and sends it to
+the bucket's first hop; a backend that gets a packet of a connection it does not
+have passes it on to the bucket's second hop (daisy chaining, DESIGN.md §1).  When a
+bucket moves from backend a to backend b, a becomes its second hop, so a's
+established connections survive the move.
+
+The table is a function of its history only: :func:`build` and every :func:`adjust`
+are deterministic (no randomness, no dependence on dict order, ties broken by id or
+bucket index), so every LB node that applies the same weights in the same order holds
+the same table.
+
+The adjustment policy (DESIGN.md §3), in order of precedence:
+
+1. swaps: a bucket (a, b) with a over target and b under target becomes (b, a);
+2. of a donor's buckets, those changed least recently move first;
+3. runs stay contiguous: a donor gives from the ends of its runs, first to a receiver
+   that borders the run, and the shortest runs go first;
+
+and over time: a minimum interval between two changes (:class:`Scheduler`), and at
+most ``max_step`` of the buckets per change (small steps toward a far target).
+Buckets only ever move from a backend over its target to one under it, so reaching
+a fixed target moves the minimum number of buckets, none of them twice.
+"""
+
+from __future__ import annotations
+
+import math
+import operator
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+import numpy as np
+import numpy.typing as npt
+
+from xdplb.state import LookupTable
+
+#: 2**16 buckets: < 1% imbalance for up to ~650 equal backends; need not be prime.
+DEFAULT_SIZE = 65536
+#: Backend ids, weights and the table size are __u32 in C.
+_U32_MAX = 0xFFFFFFFF
+
+U32Array = npt.NDArray[np.uint32]
+U64Array = npt.NDArray[np.uint64]
+I64Array = npt.NDArray[np.int64]
+
+
+@dataclass(frozen=True, eq=False)
+class BeamerTable:
+    """B buckets of (first hop, second hop), and when each bucket last changed.
+
+    Compared with ``==`` by content (every array and the generation).  The arrays are
+    made read-only: an adjustment makes a new table, the old one may still be in use.
+    """
+
+    #: Backend id (>= 1) of each bucket: where its new flows go.
+    first: U32Array
+    #: Backend id that owned the bucket before ``first``, 0 for none; never equal to
+    #: ``first``.  It keeps serving the connections it already has (daisy chaining).
+    second: U32Array
+    #: Generation at which each bucket last changed hands; 0 = the initial build.
+    changed: U64Array
+    #: Adjustments applied since :func:`build`; the next one stamps ``generation + 1``.
+    generation: int = 0
+
+    def __post_init__(self) -> None:
+        first = np.ascontiguousarray(self.first, dtype=np.uint32)
+        second = np.ascontiguousarray(self.second, dtype=np.uint32)
+        changed = np.ascontiguousarray(self.changed, dtype=np.uint64)
+        if first.ndim != 1 or len(first) < 1:
+            raise ValueError(f"a Beamer table needs a 1-d array of >= 1 buckets, got {first.shape}")
+        if second.shape != first.shape or changed.shape != first.shape:
+            raise ValueError(
+                f"first {first.shape}, second {second.shape} and changed {changed.shape} "
+                "must have one entry per bucket"
+            )
+        if not first.all():
+            raise ValueError(f"bucket {int(np.argmin(first))} has no first hop (0)")
+        same = np.flatnonzero(first == second)
+        if len(same):
+            # A second hop equal to the first would send a packet back to where it came from.
+            raise ValueError(f"bucket {int(same[0])} has equal first and second hops")
+        generation = operator.index(self.generation)
+        if generation < 0:
+            raise ValueError(f"generation must be >= 0, got {generation}")
+        for name, arr in (("first", first), ("second", second), ("changed", changed)):
+            arr.flags.writeable = False
+            object.__setattr__(self, name, arr)
+        object.__setattr__(self, "generation", generation)
+
+    @property
+    def size(self) -> int:
+        """B, the number of buckets."""
+        return len(self.first)
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, BeamerTable):
+            return NotImplemented
+        return (
+            self.generation == other.generation
+            and bool(np.array_equal(self.first, other.first))
+            and bool(np.array_equal(self.second, other.second))
+            and bool(np.array_equal(self.changed, other.changed))
+        )
+
+    __hash__ = None  # type: ignore[assignment]
+
+    def counts(self) -> dict[int, int]:
+        """Buckets per first hop, by ascending id: each backend's share of new flows."""
+        ids, counts = np.unique(self.first, return_counts=True)
+        return {int(i): int(c) for i, c in zip(ids, counts, strict=True)}
+
+    def to_lookup_table(self) -> LookupTable:
+        """The hops as the inner map holds them.
+
+        ``second`` is None when no bucket has a second hop, as
+        :meth:`LookupTable.from_buckets` reads such a map back, so the two compare equal.
+        """
+        return LookupTable(self.first, self.second if self.second.any() else None)
+
+
+def from_lookup_table(table: LookupTable) -> BeamerTable:
+    """A Beamer table from hops read back from a map, with no history (generation 0).
+
+    What a restarted control plane starts from: it cannot know when buckets changed,
+    so all count as changed at the build.
+    """
+    first = np.asarray(table.first, dtype=np.uint32)
+    if table.second is None:
+        second = np.zeros_like(first)
+    else:
+        second = np.asarray(table.second, dtype=np.uint32)
+        second = np.where(second == first, np.uint32(0), second)
+    return BeamerTable(first, second, np.zeros(len(first), dtype=np.uint64), 0)
+
+
+@dataclass(frozen=True)
+class Policy:
+    """How fast a table may change (config: ``vips[].beamer``)."""
+
+    #: Seconds between two changes of one table: time for moved connections to drain.
+    min_interval: float = 60.0
+    #: Largest fraction of the buckets one adjustment moves (at least one bucket).
+    max_step: float = 0.05
+
+    def __post_init__(self) -> None:
+        if not (math.isfinite(self.min_interval) and self.min_interval >= 0):
+            raise ValueError(f"min_interval must be >= 0 seconds, got {self.min_interval}")
+        if not 0 < self.max_step <= 1:
+            raise ValueError(f"max_step must be in (0, 1], got {self.max_step}")
+
+    def max_moves(self, size: int) -> int:
+        """Buckets one adjustment of a ``size``-bucket table may move."""
+        return max(1, math.floor(self.max_step * size))
+
+
+def _check_size(size: int) -> int:
+    size = operator.index(size)
+    if not 1 <= size <= _U32_MAX:
+        raise ValueError(f"table size must be in 1..{_U32_MAX}, got {size}")
+    return size
+
+
+def _check_weights(weights: Mapping[int, int]) -> dict[int, int]:
+    """Backends of weight > 0, by ascending id, after checking every id and weight."""
+    kept = {}
+    for backend, weight in sorted(
+        (operator.index(b), operator.index(w)) for b, w in weights.items()
+    ):
+        if not 1 <= backend <= _U32_MAX:
+            raise ValueError(f"backend id must be in 1..{_U32_MAX} (0 means none), got {backend}")
+        if weight < 0:
+            raise ValueError(f"weight of backend {backend} is negative: {weight}")
+        if weight > _U32_MAX:
+            raise ValueError(f"weight of backend {backend} does not fit in 32 bits: {weight}")
+        if weight:
+            kept[backend] = weight
+    if not kept:
+        raise ValueError("no backend with a weight above 0: a Beamer table needs at least one")
+    return kept
+
+
+def targets(weights: Mapping[int, int], size: int) -> dict[int, int]:
+    """Buckets each backend of weight > 0 should own, by ascending id; they sum to ``size``.
+
+    Largest remainder (Hamilton): each gets ``floor(size * w / total)``, and the buckets
+    left over go one each to the largest fractional parts, ties to the lower id.  A
+    backend may get 0 when there are more backends than buckets.
+    """
+    size = _check_size(size)
+    kept = _check_weights(weights)
+    total = sum(kept.values())
+    quotas = {b: divmod(size * w, total) for b, w in kept.items()}
+    counts = {b: q for b, (q, _) in quotas.items()}
+    left = size - sum(counts.values())
+    for b in sorted(kept, key=lambda b: (-quotas[b][1], b))[:left]:
+        counts[b] += 1
+    return counts
+
+
+def build(weights: Mapping[int, int], size: int = DEFAULT_SIZE) -> BeamerTable:
+    """The initial table: one contiguous run per backend, in ascending id order.
+
+    Run lengths are :func:`targets`; no bucket has a second hop.  Raises ValueError if
+    ``size`` is not in 1..2**32 - 1, an id is not in 1..2**32 - 1, a weight is
+    negative or above 2**32 - 1, or no backend has a weight above 0.
+    """
+    counts = targets(weights, size)
+    first = np.repeat(
+        np.fromiter(counts, dtype=np.uint32, count=len(counts)),
+        np.fromiter(counts.values(), dtype=np.int64, count=len(counts)),
+    )
+    return BeamerTable(first, np.zeros(size, dtype=np.uint32), np.zeros(size, dtype=np.uint64), 0)
+
+
+def moved(old: BeamerTable, new: BeamerTable) -> int:
+    """Buckets whose first hop differs between two tables of the same size."""
+    if old.size != new.size:
+        raise ValueError(f"tables of {old.size} and {new.size} buckets do not compare")
+    return int(np.count_nonzero(old.first != new.first))
+
+
+def adjust(
+    table: BeamerTable, weights: Mapping[int, int], policy: Policy = Policy()
+) -> BeamerTable:
+    """One step toward :func:`targets`: moves at most ``policy.max_moves(B)`` buckets.
+
+    Returns ``table`` itself when every backend is at its target.  A backend in the
+    table but absent from ``weights`` (or of weight 0) has target 0.  A moved bucket
+    gets the receiver as first hop and its old first hop as second hop -- even when
+    that backend left ``weights``: it still serves its established connections, and
+    whether it is alive is the control plane's business (the data path skips an
+    unusable second hop).  Raises ValueError as :func:`targets` does.
+    """
+    size = table.size
+    want = targets(weights, size)
+    want_ids = np.fromiter(want, dtype=np.uint32, count=len(want))
+    # Dense indexes in ascending id order: iterating them is iterating ids in order.
+    ids = np.union1d(table.first, want_ids)
+    fix = np.searchsorted(ids, table.first)
+    have = np.bincount(fix, minlength=len(ids)).astype(np.int64)
+    goal = np.zeros(len(ids), dtype=np.int64)
+    goal[np.searchsorted(ids, want_ids)] = np.fromiter(want.values(), np.int64, len(want))
+    surplus = np.maximum(have - goal, 0)
+    deficit = np.maximum(goal - have, 0)
+    total = int(surplus.sum())
+    if total == 0:
+        return table
+    budget = min(policy.max_moves(size), total)
+    # 1. Swaps: (a, b) -> (b, a) with a over and b under target reaches both targets
+    #    and leaves a as second hop: no third backend sees the bucket's connections.
+    six = np.searchsorted(ids, table.second).clip(max=len(ids) - 1)
+    known_second = ids[six] == table.second  # 0 and departed ids are never in ids
+    swappable = np.flatnonzero((surplus[fix] > 0) & known_second & (deficit[six] > 0))
+    swapped: list[int] = []
+    if len(swappable):
+        key = _peel_key(table.first, deficit[fix] > 0)
+        order = swappable[
+            np.lexsort((swappable, *(k[swappable] for k in key), table.changed[swappable]))
+        ]
+        sur = surplus.tolist()
+        dfc = deficit.tolist()
+        for b, a, r in zip(order.tolist(), fix[order].tolist(), six[order].tolist(), strict=True):
+            if sur[a] and dfc[r]:
+                sur[a] -= 1
+                dfc[r] -= 1
+                swapped.append(b)
+                if len(swapped) == budget:
+                    break
+        surplus = np.asarray(sur, dtype=np.int64)
+        deficit = np.asarray(dfc, dtype=np.int64)
+
+    first = table.first.copy()
+    if swapped:
+        taken = np.asarray(swapped, dtype=np.int64)
+        first[taken] = table.second[taken]
+        fix = np.searchsorted(ids, first)
+
+    # 2-3. The rest of the budget: donors give and receivers take in ascending id
+    #      order, so a partly served backend is the first one served at the next step.
+    rest = budget - len(swapped)
+    if rest:
+        give = _fill(surplus, rest)
+        get = _fill(deficit, rest)
+        key = _peel_key(first, get[fix] > 0)
+        eligible = np.flatnonzero(give[fix] > 0)
+        owner = fix[eligible]
+        order = eligible[
+            np.lexsort((eligible, *(k[eligible] for k in key), table.changed[eligible], owner))
+        ]
+        owner = fix[order]
+        # Rank of each bucket among its donor's: the first give[donor] of them move.
+        rank = np.arange(len(order)) - np.searchsorted(owner, owner)
+        chosen = np.sort(order[rank < give[owner]])
+        _deal(first, chosen, {int(ids[i]): int(get[i]) for i in np.flatnonzero(get)})
+
+    old = table.first
+    moves = np.flatnonzero(first != old)
+    generation = table.generation + 1
+    second = table.second.copy()
+    second[moves] = np.where(old[moves] == first[moves], np.uint32(0), old[moves])
+    changed = table.changed.copy()
+    changed[moves] = generation
+    return BeamerTable(first, second, changed, generation)
+
+
+def _fill(quota: I64Array, budget: int) -> I64Array:
+    """Take ``budget`` from ``quota`` in index (= id) order: the first ones in full."""
+    before: I64Array = np.cumsum(quota) - quota
+    taken: I64Array = np.minimum(np.maximum(budget - before, 0), quota)
+    return taken
+
+
+def _peel_key(first: U32Array, receiving: npt.NDArray[np.bool_]) -> tuple[I64Array, ...]:
+    """Sort keys (most significant first) that order a donor's buckets for contiguity.
+
+    Runs are maximal stretches of one first hop.  A run that borders a receiver goes
+    first (giving there extends the receiver's run), then shorter runs (giving a whole
+    run away removes a fragment); within a run, buckets go from the receiver's end
+    (both ends alternately if both border one), else from the highest index.
+    """
+    size = len(first)
+    cut = np.flatnonzero(first[1:] != first[:-1]) + 1
+    starts = np.concatenate(([0], cut)).astype(np.int64)
+    ends = np.concatenate((cut, [size])).astype(np.int64)
+    lengths = ends - starts
+    lo_open = np.zeros(len(starts), dtype=bool)
+    lo_open[1:] = receiving[starts[1:] - 1]
+    hi_open = np.zeros(len(starts), dtype=bool)
+    hi_open[:-1] = receiving[ends[:-1]]
+    run = np.repeat(np.arange(len(starts)), lengths)
+    index = np.arange(size, dtype=np.int64)
+    from_lo = index - starts[run]
+    from_hi = ends[run] - 1 - index
+    lo, hi = lo_open[run], hi_open[run]
+    dist = np.where(lo & hi, np.minimum(from_lo, from_hi), np.where(lo & ~hi, from_lo, from_hi))
+    closed = (~(lo | hi)).astype(np.int64)
+    return closed, lengths[run], starts[run], dist
+
+
+def _deal(first: U32Array, chosen: I64Array, get: dict[int, int]) -> None:
+    """Hand the ``chosen`` buckets (ascending) to receivers, ``get[id]`` each, in place.
+
+    First to a receiver that borders a block of chosen buckets (its run grows; no new
+    run), from the left and then from the right; the rest from the highest bucket down
+    to receivers in ascending id order, so each gets a few contiguous stretches.
+    """
+    if not len(chosen):
+        return
+    size = len(first)
+    cut = np.flatnonzero((np.diff(chosen) != 1) | (first[chosen[1:]] != first[chosen[:-1]])) + 1
+    blocks = [
+        [int(chosen[s]), int(chosen[e - 1]) + 1]
+        for s, e in zip(
+            np.concatenate(([0], cut)), np.concatenate((cut, [len(chosen)])), strict=True
+        )
+    ]
+    for block in blocks:  # grow left neighbours rightwards, chaining across blocks
+        lo, hi = block
+        if lo > 0 and get.get(left := int(first[lo - 1]), 0):
+            k = min(get[left], hi - lo)
+            first[lo : lo + k] = left
+            get[left] -= k
+            block[0] += k
+    for block in reversed(blocks):  # grow right neighbours leftwards
+        lo, hi = block
+        if lo < hi < size and get.get(right := int(first[hi]), 0):
+            k = min(get[right], hi - lo)
+            first[hi - k : hi] = right
+            get[right] -= k
+            block[1] -= k
+    # From the highest index down: a donor run closed on both sides is peeled from its
+    # high end, so the last receiver -- the one that may be only partly served and go on
+    # at the next step -- ends up bordering what is left of the donor's run.
+    receivers = iter([r for r in sorted(get) if get[r]])
+    receiver = next(receivers, 0)
+    for lo, hi in reversed(blocks):
+        while lo < hi:
+            while not get[receiver]:
+                receiver = next(receivers)
+            k = min(get[receiver], hi - lo)
+            first[hi - k : hi] = receiver
+            get[receiver] -= k
+            hi -= k
+
+
+class Scheduler:
+    """When a table may change, sans-I/O: the caller passes the clock and remembers
+    when the table last changed; each due step is one :func:`adjust`.
+    """
+
+    def __init__(self, policy: Policy) -> None:
+        self.policy = policy
+
+    def due(self, now: float, last_change: float | None) -> bool:
+        """Whether ``min_interval`` has passed since the last change (or there was none)."""
+        return last_change is None or now - last_change >= self.policy.min_interval
+
+    def step(
+        self,
+        table: BeamerTable,
+        weights: Mapping[int, int],
+        now: float,
+        last_change: float | None,
+    ) -> BeamerTable | None:
+        """The next table, or None: too early, or every backend at its target."""
+        if not self.due(now, last_change):
+            return None
+        new = adjust(table, weights, self.policy)
+        return None if new is table else new

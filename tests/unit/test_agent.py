@@ -1,0 +1,353 @@
+"""The load agent: /proc parsing on fake files, the rate maths, the wire format against
+untrusted input, and a real UDP round trip on loopback."""
+
+from __future__ import annotations
+
+import json
+import socket
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from xdplb.agent import (
+    CpuTimes,
+    ReportReceiver,
+    Sample,
+    Sampler,
+    WireReport,
+    decode_report,
+    encode_report,
+    main,
+    parse_target,
+    rates,
+    read_cpu_times,
+    read_passive_opens,
+    run_agent,
+)
+from xdplb.loadfeedback import LoadReport
+
+pytestmark = pytest.mark.unit
+
+PROC_STAT = """\
+cpu  100 20 30 800 50 5 10 5 7 0
+cpu0 50 10 15 400 25 2 5 3 7 0
+cpu1 50 10 15 400 25 3 5 2 0 0
+intr 12345 0 0
+ctxt 99
+"""
+
+PROC_SNMP = """\
+Ip: Forwarding DefaultTTL InReceives
+Ip: 2 64 8217
+Tcp: RtoAlgorithm RtoMin RtoMax MaxConn ActiveOpens PassiveOpens AttemptFails EstabResets
+Tcp: 1 200 120000 -1 36 {opens} 0 0
+Udp: InDatagrams NoPorts
+Udp: 10 0
+"""
+
+
+def write(tmp_path: Path, name: str, text: str) -> Path:
+    p = tmp_path / name
+    p.write_text(text)
+    return p
+
+
+def test_read_cpu_times(tmp_path: Path) -> None:
+    # busy = user 100 + nice 20 + system 30 + irq 5 + softirq 10 + steal 5 (guest 7 is
+    # already in user); idle = idle 800 + iowait 50.
+    assert read_cpu_times(write(tmp_path, "stat", PROC_STAT)) == CpuTimes(busy=170, total=1020)
+
+
+def test_read_cpu_times_of_an_old_kernel(tmp_path: Path) -> None:
+    assert read_cpu_times(write(tmp_path, "stat", "cpu 1 2 3 4\n")) == CpuTimes(6, 10)
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ("cpu0 1 2 3 4\nintr 0\n", "no 'cpu' line"),
+        ("cpu 1 2 x 4\n", "'cpu' line is not numbers"),
+        ("cpu 1 2 3\n", "'cpu' line has 3 fields, expected at least 4"),
+    ],
+)
+def test_read_cpu_times_refuses(tmp_path: Path, text: str, message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        read_cpu_times(write(tmp_path, "stat", text))
+
+
+def test_read_passive_opens(tmp_path: Path) -> None:
+    assert read_passive_opens(write(tmp_path, "snmp", PROC_SNMP.format(opens=4242))) == 4242
+
+
+def test_read_passive_opens_of_this_machine() -> None:
+    assert read_passive_opens() >= 0
+    t = read_cpu_times()
+    assert 0 <= t.busy <= t.total
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ("Ip: Forwarding\nIp: 1\n", "no 'Tcp:' header and value lines"),
+        ("Tcp: ActiveOpens\nTcp: 3\n", "no 'PassiveOpens'"),
+        ("Tcp: ActiveOpens PassiveOpens\nTcp: 3\n", "no 'PassiveOpens'"),
+        ("Tcp: ActiveOpens PassiveOpens\nTcp: 3 x\n", "'PassiveOpens' is not a number"),
+    ],
+)
+def test_read_passive_opens_refuses(tmp_path: Path, text: str, message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        read_passive_opens(write(tmp_path, "snmp", text))
+
+
+def sample(at: float, busy: int, total: int, opens: int) -> Sample:
+    return Sample(at, CpuTimes(busy, total), opens)
+
+
+@pytest.mark.parametrize(
+    ("desc", "prev", "cur", "expected"),
+    [
+        ("a quarter busy, 50 opens in 2 s", (0, 100, 400, 10), (2, 200, 800, 110), (0.25, 50.0)),
+        ("idle", (0, 100, 400, 10), (1, 100, 500, 10), (0.0, 0.0)),
+        ("saturated", (0, 100, 400, 10), (1, 300, 600, 10), (1.0, 0.0)),
+        ("no jiffies elapsed", (0, 100, 400, 10), (0.001, 100, 400, 10), (0.0, 0.0)),
+        ("counter reset: no activity", (0, 100, 400, 900), (1, 150, 500, 3), (0.5, 0.0)),
+    ],
+)
+def test_rates(
+    desc: str,
+    prev: tuple[float, int, int, int],
+    cur: tuple[float, int, int, int],
+    expected: tuple[float, float],
+) -> None:
+    assert rates(sample(*prev), sample(*cur)) == pytest.approx(expected), desc
+
+
+def test_rates_refuse_samples_out_of_order() -> None:
+    with pytest.raises(ValueError, match="not in time order"):
+        rates(sample(2, 0, 0, 0), sample(2, 0, 0, 0))
+
+
+def test_sampler_gives_rates_from_the_second_sample_on() -> None:
+    s = Sampler()
+    assert s.feed(sample(0, 0, 100, 0)) is None
+    assert s.feed(sample(1, 50, 200, 10)) == pytest.approx((0.5, 10.0))
+    assert s.feed(sample(2, 50, 300, 30)) == pytest.approx((0.0, 20.0))
+
+
+def test_sampler_on_fake_proc_files(tmp_path: Path) -> None:
+    stat = write(tmp_path, "stat", "cpu 100 0 0 900 0 0 0 0\n")
+    snmp = write(tmp_path, "snmp", PROC_SNMP.format(opens=100))
+    s = Sampler()
+    assert s.feed(Sample(0.0, read_cpu_times(stat), read_passive_opens(snmp))) is None
+    stat.write_text("cpu 400 0 0 1600 0 0 0 0\n")
+    snmp.write_text(PROC_SNMP.format(opens=400))
+    now = Sample(2.0, read_cpu_times(stat), read_passive_opens(snmp))
+    assert s.feed(now) == pytest.approx((0.3, 150.0))
+
+
+def test_encode_decode_round_trip() -> None:
+    r = WireReport("b1.example", 0.123456789, 812.5, 1718000000123)
+    data = encode_report(r)
+    assert json.loads(data) == {
+        "backend": "b1.example",
+        "cpu": 0.123456789,
+        "rps": 812.5,
+        "seq": 1718000000123,
+    }
+    assert decode_report(data) == r
+    assert decode_report(data).received(7.0) == LoadReport("b1.example", 0.123456789, 812.5, 7.0)
+
+
+def test_decode_accepts_integers_for_numbers() -> None:
+    assert decode_report(b'{"backend":"b","cpu":1,"rps":0,"seq":0}') == WireReport("b", 1, 0, 0)
+
+
+GOOD: dict[str, Any] = {"backend": "b1", "cpu": 0.5, "rps": 10.0, "seq": 1}
+
+
+@pytest.mark.parametrize(
+    ("data", "message"),
+    [
+        (b"\xff\xfe", "datagram: not UTF-8"),
+        (b"{", "datagram: not JSON (Expecting property name enclosed in double quotes at 1)"),
+        (b"[1, 2]", "datagram: must be a JSON object, got list"),
+        (b"x" * 1025, "datagram: 1025 bytes, more than 1024"),
+        (b'{"backend":"b","cpu":NaN,"rps":0,"seq":0}', "datagram: NaN is not a number JSON allows"),
+        (json.dumps({**GOOD, "mem": 1}).encode(), "mem: unknown field"),
+        (json.dumps({k: v for k, v in GOOD.items() if k != "rps"}).encode(), "rps: missing"),
+        (json.dumps({**GOOD, "backend": ""}).encode(), "backend: must be a non-empty string"),
+        (json.dumps({**GOOD, "backend": 7}).encode(), "backend: must be a non-empty string"),
+        (json.dumps({**GOOD, "backend": "a\nb"}).encode(), "backend: must be at most 253"),
+        (json.dumps({**GOOD, "backend": "a" * 254}).encode(), "backend: must be at most 253"),
+        (json.dumps({**GOOD, "cpu": 1.5}).encode(), "cpu: must be a finite number in 0.0..1.0"),
+        (json.dumps({**GOOD, "cpu": "0.5"}).encode(), "cpu: must be a number, got '0.5'"),
+        (json.dumps({**GOOD, "cpu": True}).encode(), "cpu: must be a number, got True"),
+        (b'{"backend":"b","cpu":0.5,"rps":1e999,"seq":0}', "rps: must be a finite number"),
+        (json.dumps({**GOOD, "rps": -1}).encode(), "rps: must be a finite number in 0.0..inf"),
+        (json.dumps({**GOOD, "seq": 1.0}).encode(), "seq: must be an integer"),
+        (json.dumps({**GOOD, "seq": -1}).encode(), "seq: must be an integer"),
+        (json.dumps({**GOOD, "seq": 2**64}).encode(), "seq: must be an integer"),
+    ],
+)
+def test_decode_refuses_malformed_datagrams(data: bytes, message: str) -> None:
+    with pytest.raises(ValueError) as e:
+        decode_report(data)
+    assert str(e.value).startswith(message), str(e.value)
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        ("198.18.0.2:19700", ("198.18.0.2", 19700)),
+        ("198.18.0.2", ("198.18.0.2", 19700)),
+        ("lb.example:1", ("lb.example", 1)),
+        ("[fd78:6470:6c62::2]:19701", ("fd78:6470:6c62::2", 19701)),
+        ("[fd78:6470:6c62::2]", ("fd78:6470:6c62::2", 19700)),
+        ("fd78:6470:6c62::2", ("fd78:6470:6c62::2", 19700)),
+    ],
+)
+def test_parse_target(text: str, expected: tuple[str, int]) -> None:
+    assert parse_target(text) == expected
+
+
+@pytest.mark.parametrize("text", ["", ":1", "h:0", "h:65536", "h:x", "[::1", "[::1]x"])
+def test_parse_target_refuses(text: str) -> None:
+    with pytest.raises(ValueError, match=r"^--to: expected"):
+        parse_target(text)
+
+
+def test_cli_usage_errors_exit_2(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as e:
+        main(["--name", "b1", "--to", "h:x"])
+    assert e.value.code == 2
+    assert main(["--name", "", "--to", "127.0.0.1:9"]) == 2
+    assert "backend: must be a non-empty string" in capsys.readouterr().err
+
+
+@pytest.fixture
+def receiver() -> Any:
+    with ReportReceiver(("127.0.0.1", 0)) as r:
+        yield r
+
+
+def send(receiver: ReportReceiver, *datagrams: bytes) -> None:
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+        for d in datagrams:
+            s.sendto(d, receiver.address)
+
+
+def poll_until(receiver: ReportReceiver, count: int, timeout: float = 2.0) -> list[LoadReport]:
+    """Everything received once ``count`` reports are in (or the timeout passes)."""
+    out: list[LoadReport] = []
+    deadline = time.monotonic() + timeout
+    while len(out) < count and time.monotonic() < deadline:
+        out += receiver.poll()
+        time.sleep(0.005)
+    return out
+
+
+def test_receiver_poll_does_not_block(receiver: ReportReceiver) -> None:
+    t = time.monotonic()
+    assert receiver.poll() == []
+    assert time.monotonic() - t < 0.1
+
+
+def test_receiver_counts_and_drops_malformed_and_reordered(receiver: ReportReceiver) -> None:
+    def report(seq: int, backend: str = "b1") -> bytes:
+        return encode_report(WireReport(backend, 0.5, 1.0, seq))
+
+    send(
+        receiver,
+        b"garbage",
+        report(100),
+        report(100),  # duplicate
+        report(99),  # late
+        report(101),
+        report(12, "b2"),
+        report(0),  # far behind (more than REORDER_WINDOW): b1's agent started over
+        b'{"backend":"b1"}',
+    )
+    got = poll_until(receiver, 4)
+    assert [r.backend for r in got] == ["b1", "b1", "b2", "b1"]
+    time.sleep(0.05)
+    assert receiver.poll() == []
+    assert (receiver.stats.received, receiver.stats.malformed, receiver.stats.reordered) == (
+        4,
+        2,
+        2,
+    )
+
+
+def test_receiver_stamps_reports_with_its_clock() -> None:
+    with ReportReceiver(("127.0.0.1", 0), clock=lambda: 42.0) as r:
+        send(r, encode_report(WireReport("b1", 0.25, 3.0, 1)))
+        assert poll_until(r, 1) == [LoadReport("b1", 0.25, 3.0, 42.0)]
+
+
+def test_agent_to_receiver_over_loopback(receiver: ReportReceiver, tmp_path: Path) -> None:
+    stat = write(tmp_path, "stat", "cpu 100 0 0 900 0 0 0 0\n")
+    snmp = write(tmp_path, "snmp", PROC_SNMP.format(opens=0))
+    stop = threading.Event()
+    sent: list[int] = []
+    agent = threading.Thread(
+        target=lambda: sent.append(
+            run_agent(
+                "b1", receiver.address, 0.05, stop, proc_stat=stat, proc_snmp=snmp, seq_start=7
+            )
+        )
+    )
+    t0 = time.monotonic()
+    agent.start()
+    try:
+        got = poll_until(receiver, 3)
+    finally:
+        stop.set()
+        agent.join(timeout=1.0)
+    assert not agent.is_alive()
+    assert time.monotonic() - t0 < 3.0
+    assert len(got) >= 3
+    assert all(r.backend == "b1" and r.cpu == 0.0 and r.rps == 0.0 for r in got)
+    assert receiver.stats.malformed == 0
+    assert sent and sent[0] >= len(got)
+
+
+def test_agent_reports_what_it_measured(receiver: ReportReceiver, tmp_path: Path) -> None:
+    # The fake counters advance by a fixed step at each read: 30% busy, 20 opens per read.
+    stat = tmp_path / "stat"
+    snmp = tmp_path / "snmp"
+    reads = {"n": 0}
+
+    def advance() -> None:
+        n = reads["n"] = reads["n"] + 1
+        stat.write_text(f"cpu {30 * n} 0 0 {70 * n} 0 0 0 0\n")
+        snmp.write_text(PROC_SNMP.format(opens=20 * n))
+
+    advance()
+    stop = threading.Event()
+
+    def ticker() -> None:  # moves the counters between the agent's samples
+        while not stop.wait(0.02):
+            advance()
+
+    agent = threading.Thread(
+        target=run_agent,
+        args=("b7", receiver.address, 0.2, stop),
+        kwargs={"proc_stat": stat, "proc_snmp": snmp},
+    )
+    ticking = threading.Thread(target=ticker)
+    ticking.start()
+    agent.start()
+    try:
+        got = poll_until(receiver, 2)
+    finally:
+        stop.set()
+        agent.join(timeout=1.0)
+        ticking.join(timeout=1.0)
+    assert len(got) >= 2
+    for r in got:
+        assert r.backend == "b7"
+        assert r.cpu == pytest.approx(0.3)
+        assert r.rps == pytest.approx(1000.0, rel=0.5)  # 20 opens per ~20 ms tick
