@@ -89,6 +89,44 @@ class BeamerConfig(_Model):
     """Largest fraction of the buckets one change may move (small steps to a far target)."""
 
 
+class LoadFeedbackConfig(_Model):
+    """Load-aware weights (Bilibili's Nickel): ``xdplb.agent`` on each backend reports CPU
+    use and request rate; the weights of VIPs with ``load_feedback: true`` move toward
+    equal load, damped, within bounds, never faster than ``min_interval`` (nor than a
+    Beamer table's own). Off unless this section is present."""
+
+    listen: Annotated[str, Field(pattern=r"^(\[[0-9A-Fa-f:.]+\]|[0-9.]+):[0-9]{1,5}$")]
+    """``address:port`` (``[v6]:port``) where agents send their reports: a management
+    address, since reports are not authenticated."""
+    gain: Annotated[float, Field(gt=0, le=1)] = 0.5
+    """Fraction of the distance to equal load covered by one change."""
+    deadband: Annotated[float, Field(ge=0, lt=1)] = 0.05
+    """Relative load difference below which a backend does not move."""
+    min_interval: Annotated[float, Field(gt=0, le=86400)] = 60.0
+    """Seconds between two weight changes."""
+    settle: Annotated[float, Field(ge=0)] = 1.5
+    """Reports this soon after a change describe the old weights and are ignored."""
+    max_age: Annotated[float, Field(gt=0)] = 5.0
+    """Reports older than this are ignored; a backend without one keeps its weight."""
+    total_weight: Annotated[int, Field(ge=1, le=65535 * 64)] = 1000
+    """Sum of the weights handed out per VIP (weights are relative; 1:1 cannot move)."""
+    min_weight: Annotated[int, Field(ge=0, le=65535)] = 1
+    max_weight: Annotated[int, Field(ge=1, le=65535)] = 65535
+
+    @model_validator(mode="after")
+    def _check(self) -> LoadFeedbackConfig:
+        if self.settle >= self.min_interval:
+            raise _FieldError("settle", "must be below min_interval")
+        if self.min_weight > self.max_weight:
+            raise _FieldError("min_weight", "must not be above max_weight")
+        return self
+
+    @property
+    def address(self) -> tuple[str, int]:
+        host, _, port = self.listen.rpartition(":")
+        return host.strip("[]"), int(port)
+
+
 class VipConfig(_Model):
     """A virtual service: (address, port, protocol) and where its flows go."""
 
@@ -105,6 +143,9 @@ class VipConfig(_Model):
     table_size: int | None = None
     """Buckets in this VIP's table: a prime for Maglev (default: the global table_size),
     any size for Beamer (default 65,536)."""
+    load_feedback: bool = False
+    """Let the backends' reported load move their weights (needs the top-level
+    ``load_feedback`` section)."""
     backends: list[BackendConfig] = Field(default_factory=list)
 
     @model_validator(mode="after")
@@ -165,6 +206,8 @@ class Config(_Model):
     table_size: int = abi.DEFAULT_TABLE_SIZE
     """Default number of buckets of a Maglev table (a prime, > 100 x backends for <1% imbalance)."""
     tunnel: TunnelConfig = Field(default_factory=TunnelConfig)
+    load_feedback: LoadFeedbackConfig | None = None
+    """Load-aware weights; absent: weights are exactly those configured."""
     vips: list[VipConfig] = Field(default_factory=list)
 
     @field_validator("table_size")
@@ -209,6 +252,11 @@ class Config(_Model):
                         f"vips[{i}].backends[{j}].address",
                         "an IPv6 backend needs tunnel.source_v6",
                     )
+        for i, vip in enumerate(self.vips):
+            if vip.load_feedback and self.load_feedback is None:
+                raise _FieldError(
+                    f"vips[{i}].load_feedback", "needs the top-level load_feedback section"
+                )
         n = len(self.backend_addresses())
         if n >= abi.MAX_BACKENDS:
             raise _FieldError("vips", f"at most {abi.MAX_BACKENDS - 1} distinct backends, got {n}")

@@ -25,6 +25,7 @@ from xdplb.config import Config, TableKindName, XdpModeName, load_config
 from xdplb.datapath import XdpMode
 from xdplb.datapath.lb import LbDatapath
 from xdplb.errors import ConfigError
+from xdplb.feedback import WeightFeedback
 
 log = logging.getLogger("xdplb.daemon")
 
@@ -65,12 +66,32 @@ class Daemon:
         self.dp = LbDatapath(self.config.instance)
         #: Beamer tables as last built, by vip id (the maps hold hops, not history).
         self.memory: dict[int, planner.BeamerMemory] = {}
+        #: Load-aware weights, when the configuration asks for them.
+        self.feedback: WeightFeedback | None = None
 
     def _file_mtime(self) -> float:
         try:
             return self.config_path.stat().st_mtime
         except OSError:
             return 0.0
+
+    def _follow_feedback(self, cfg: Config) -> None:
+        if cfg.load_feedback is None:
+            if self.feedback is not None:
+                self.feedback.close()
+                self.feedback = None
+            return
+        try:
+            if self.feedback is None and cfg.load_feedback is not None:
+                self.feedback = WeightFeedback(cfg.load_feedback)
+            if self.feedback is not None:
+                self.feedback.configure(cfg)
+        except OSError as e:
+            # The balancer serves on with the configured weights; the error says why.
+            log.error("load feedback off: cannot listen on %s: %s", cfg.load_feedback.listen, e)
+            if self.feedback is not None:
+                self.feedback.close()
+            self.feedback = None
 
     def apply(self, cfg: Config) -> int:
         """Make interfaces and maps match ``cfg``; returns the number of map operations."""
@@ -82,8 +103,10 @@ class Daemon:
             if ifname not in cfg.interfaces:
                 self.dp.detach(ifname)
                 log.info("detached lb_xdp from %s", ifname)
+        self._follow_feedback(cfg)
+        wanted = self.feedback.effective(cfg) if self.feedback is not None else cfg
         now = time.monotonic()
-        ops = planner.plan(cfg, self.dp.snapshot(), now=now, memory=self.memory)
+        ops = planner.plan(wanted, self.dp.snapshot(), now=now, memory=self.memory)
         t0 = time.perf_counter()
         self.dp.apply(ops)
         for op in ops:
@@ -143,6 +166,9 @@ class Daemon:
                     self._reload.clear()
                     self.reload()
                     last_plan = time.monotonic()
+                elif self.feedback is not None and self.feedback.step(time.monotonic()):
+                    self.apply(self.config)  # new weights from the backends' load
+                    last_plan = time.monotonic()
                 elif self._has_beamer() and time.monotonic() - last_plan >= REPLAN_INTERVAL:
                     self.apply(self.config)
                     last_plan = time.monotonic()
@@ -150,5 +176,7 @@ class Daemon:
             pid = pid_file(self.config.instance)
             if read_pid(self.config.instance) == os.getpid():
                 pid.unlink(missing_ok=True)
+            if self.feedback is not None:
+                self.feedback.close()
             self.dp.close()
             log.info("instance %s: daemon exits, programs stay attached", self.config.instance)

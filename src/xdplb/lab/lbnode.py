@@ -72,8 +72,9 @@ class LbNode:
     def config(self) -> Config:
         return parse_config(self.doc)
 
-    def start(self, timeout: float = 15.0) -> None:
-        """Start the daemon and wait until the maps hold this configuration."""
+    def start(self, timeout: float = 15.0, *, wait: bool = True) -> None:
+        """Start the daemon and wait until the maps hold this configuration (``wait``:
+        not when load feedback rewrites the weights: the caller knows what to wait for)."""
         if self.proc is not None and self.proc.poll() is None:
             raise LabError("the LB daemon is already running")
         log = self.log_path.open("ab")
@@ -84,7 +85,8 @@ class LbNode:
             stderr=subprocess.STDOUT,
         )
         log.close()
-        self.wait_applied(timeout)
+        if wait:
+            self.wait_applied(timeout)
 
     def stop_daemon(self, timeout: float = 10.0) -> None:
         """SIGTERM the daemon: it exits and leaves lb_xdp attached (a restart/upgrade)."""
