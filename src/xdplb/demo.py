@@ -120,14 +120,7 @@ def main() -> int:
     with Lab() as lab, tempfile.TemporaryDirectory() as tmp:
         for name in lab.backends:
             attach_host(lab, name)
-            app = lab.popen(
-                name,
-                [sys.executable, "-m", "xdplb.lab.apps", "--name", name],
-                stdout=subprocess.PIPE,
-                text=True,
-            )
-            assert app.stdout is not None
-            app.stdout.readline()
+        lab.start_servers()
         lb = LbNode(lab, Path(tmp), _vips(lab, lab.backends))
         lb.start()
         console.print(f"xdplb daemon running in the LB namespace (instance {lb.instance})\n")

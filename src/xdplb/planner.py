@@ -12,8 +12,12 @@ is rewritten only when its contents change. Backend id 0 is never allocated: 0 m
 
 Ordering makes every intermediate state safe for the data path: backends exist before a
 table names them, a table exists before its VIP points at it, and removals go the other
-way round. A VIP whose table size changes moves to a fresh id, so its new size and new
-table appear in one ``lb_vips`` update instead of two racing ones.
+way round. A VIP whose table size or kind changes moves to a fresh id, so its new size
+and new table appear in one ``lb_vips`` update instead of two racing ones.
+
+Beamer tables have a history: each plan moves a table one policy step (after its
+minimum interval) from the table the maps hold, and a backend stays in ``lb_backends``
+while any table names it, as a second hop serving the connections it still has.
 """
 
 from __future__ import annotations
@@ -144,9 +148,10 @@ def _beamer_table(
     """The VIP's next Beamer table, or None to keep ``current`` as it is."""
     if current is None or len(current) != size:
         return beamer.build(weights, size)
-    known = memory is not None and memory.table.to_lookup_table() == current
-    table = memory.table if memory is not None and known else beamer.from_lookup_table(current)
-    last = memory.changed_at if memory is not None and known else None
+    if memory is not None and memory.table.to_lookup_table() == current:
+        table, last = memory.table, memory.changed_at
+    else:  # a restarted daemon: the hops are in the map, the buckets' ages are not
+        table, last = beamer.from_lookup_table(current), None
     policy = beamer.Policy(min_interval=vip.beamer.min_interval, max_step=vip.beamer.max_step)
     return beamer.Scheduler(policy).step(table, weights, now, last)
 

@@ -17,8 +17,6 @@ from __future__ import annotations
 
 import ipaddress
 import os
-import subprocess
-import sys
 import threading
 import time
 from collections.abc import Iterator
@@ -72,13 +70,7 @@ def topology(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[tuple[L
     with Lab(backends=4, colocated=colocated) as lab:
         for name in lab.backends:
             attach_host(lab, name)
-            app = lab.popen(
-                name,
-                [sys.executable, "-m", "xdplb.lab.apps", "--name", name],
-                stdout=subprocess.PIPE,
-                text=True,
-            )
-            assert app.stdout is not None and app.stdout.readline().strip() == "ready"
+        lab.start_servers()
         yield lab, tmp_path
 
 

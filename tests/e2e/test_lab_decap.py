@@ -9,10 +9,8 @@ from __future__ import annotations
 
 import contextlib
 import ipaddress
-import select
 import socket
 import subprocess
-import sys
 import time
 from collections.abc import Iterator
 
@@ -34,15 +32,7 @@ TIMEOUT = 2.0
 @pytest.fixture(scope="module")
 def echo_lab(lab: Lab) -> Iterator[Lab]:
     """The lab with the lab's servers (UDP echo on ECHO_PORT) on every backend."""
-    procs = []
-    for name in lab.backends:
-        argv = [sys.executable, "-m", "xdplb.lab.apps", "--name", name, "--udp", str(ECHO_PORT)]
-        procs.append(lab.popen(name, argv, stdout=subprocess.PIPE, text=True))
-    for proc in procs:
-        assert proc.stdout is not None
-        ready, _, _ = select.select([proc.stdout], [], [], 5.0)
-        assert ready, f"server {proc.args} did not start"
-        assert proc.stdout.readline().strip() == "ready"
+    procs = lab.start_servers("--udp", str(ECHO_PORT))
     yield lab
     for proc in procs:
         proc.kill()

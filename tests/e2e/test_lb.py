@@ -56,14 +56,7 @@ def vips(lab: Lab, backends: Sequence[str] | None = None) -> list[dict[str, Any]
 @pytest.fixture(scope="module")
 def lb(lab: Lab, tmp_path_factory: pytest.TempPathFactory) -> Iterator[LbNode]:
     lab.add_vip_to_backends(VIP4_WEIGHTED)
-    for name in lab.backends:
-        app = lab.popen(
-            name,
-            [sys.executable, "-m", "xdplb.lab.apps", "--name", name, "--udp", "53", "4000"],
-            stdout=subprocess.PIPE,
-            text=True,
-        )
-        assert app.stdout is not None and app.stdout.readline().strip() == "ready"
+    lab.start_servers("--udp", "53", "4000")
     node = LbNode(lab, tmp_path_factory.mktemp("lb"), vips(lab))
     node.start()
     yield node

@@ -27,10 +27,12 @@ import ipaddress
 import json
 import os
 import re
+import select
 import shutil
 import signal
 import socket
 import subprocess
+import sys
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -290,6 +292,20 @@ class Lab:
         proc = netns.popen(self.ns(ns), argv, **kw)
         self._procs.append(proc)
         return proc
+
+    def start_servers(self, *args: str, timeout: float = 5.0) -> list[subprocess.Popen[str]]:
+        """Start :mod:`xdplb.lab.apps` (servers that say who they are) on every backend,
+        with extra ``args`` (e.g. ``"--udp", "53"``); returns once each is listening."""
+        procs = []
+        for name in self.backends:
+            argv = [sys.executable, "-m", "xdplb.lab.apps", "--name", name, *args]
+            procs.append(self.popen(name, argv, stdout=subprocess.PIPE, text=True))
+        for name, proc in zip(self.backends, procs, strict=True):
+            assert proc.stdout is not None
+            ready, _, _ = select.select([proc.stdout], [], [], timeout)
+            if not ready or proc.stdout.readline().strip() != "ready":
+                raise LabError(f"the servers on {name} did not start")
+        return procs
 
     def enter(self, ns: str) -> contextlib.AbstractContextManager[None]:
         """Context manager: this thread is in node ``ns``'s namespace inside the block."""
