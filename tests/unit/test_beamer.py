@@ -326,7 +326,9 @@ def test_daisy_chain_sequence_breaks_no_connection() -> None:
     history += [dict(zip((2, 3, 4), w, strict=True)) for w in DAISY_WEIGHTS]
     for weights in history:
         for table in converge(table, weights, policy)[1:]:
-            on_list = (table.first[buckets] == owner) | (table.hops[buckets] == owner[:, None]).any(1)
+            on_list = (table.first[buckets] == owner) | (table.hops[buckets] == owner[:, None]).any(
+                1
+            )
             alive &= on_list
     assert alive.all(), f"{int((~alive).sum())} of 200 connections broken"
 

@@ -621,9 +621,7 @@ def test_lookup_table_buckets_layout() -> None:
     assert full.hop_ids() == {1, 4, 6} and full.hops(0) == (1, 4, 6)
     assert m.LookupTable.from_buckets(np.array([[1, 4, 0, 6]], dtype=np.uint32)) == full
     # No later hop anywhere is no later hops at all: equal to a table without them.
-    assert m.LookupTable(np.array([1]), np.zeros((1, 3), np.uint32)) == m.LookupTable(
-        np.array([1])
-    )
+    assert m.LookupTable(np.array([1]), np.zeros((1, 3), np.uint32)) == m.LookupTable(np.array([1]))
     with pytest.raises(ValueError, match="later hops"):
         m.LookupTable(np.array([1, 2]), np.array([1]))
     with pytest.raises(ValueError, match="later hops"):
