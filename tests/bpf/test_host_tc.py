@@ -610,7 +610,7 @@ def test_chain_last_resort_at_the_last_of_more_hops(
     host_obj: object, chain_ns: ChainNs, fam: int, n: int
 ) -> None:
     """This host is the last of 3 or 4 hops and nobody here owns the tuple: taken here."""
-    hops = [*FAR[fam], OTHER[fam]][: n - 1] + [HOST[fam]]
+    hops = [*[*FAR[fam], OTHER[fam]][: n - 1], HOST[fam]]
     inner = _inner_tcp(fam, 40020 + n, NOBODY_PORT, "A")
     _accepted(host_obj, chain_ns, inner, abi.HostEvent.ACCEPT_LAST_RESORT, hops, next_hop=n - 1)
 

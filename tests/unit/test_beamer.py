@@ -325,11 +325,11 @@ def test_daisy_chain_sequence_breaks_no_connection() -> None:
     history = [{1: 1, 2: 1, 3: 1, 4: 1}, {2: 1, 3: 1, 4: 1}]
     history += [dict(zip((2, 3, 4), w, strict=True)) for w in DAISY_WEIGHTS]
     for weights in history:
-        for table in converge(table, weights, policy)[1:]:
-            on_list = (table.first[buckets] == owner) | (table.hops[buckets] == owner[:, None]).any(
-                1
-            )
-            alive &= on_list
+        steps = converge(table, weights, policy)
+        for step in steps[1:]:
+            hops = np.column_stack([step.first, step.hops])[buckets]
+            alive &= (hops == owner[:, None]).any(axis=1)
+        table = steps[-1]
     assert alive.all(), f"{int((~alive).sum())} of 200 connections broken"
 
 
