@@ -16,7 +16,7 @@
 
 #define XDPLB_MAX_VIPS		512
 #define XDPLB_MAX_BACKENDS	4096
-#define XDPLB_MAX_HOPS		2
+#define XDPLB_MAX_HOPS		4	/* first hop + three previous owners (Beamer) */
 #define XDPLB_CONN_ENTRIES	262144
 #define XDPLB_CONN_WAYS		4
 #define XDPLB_CONN_SETS		(XDPLB_CONN_ENTRIES / XDPLB_CONN_WAYS)	/* a power of 2 */
@@ -40,7 +40,7 @@ enum xdplb_encap {
 /* Which lookup table a VIP uses. */
 enum xdplb_table_kind {
 	XDPLB_TABLE_MAGLEV = 0,	/* one hop per bucket */
-	XDPLB_TABLE_BEAMER = 1,	/* first and second hop per bucket */
+	XDPLB_TABLE_BEAMER = 1,	/* first hop + previous owners per bucket */
 };
 
 #define XDPLB_VIP_F_SRC_HASH	(1U << 0)	/* hash the source address only */
@@ -112,9 +112,14 @@ struct xdplb_conn_set {
 	struct xdplb_conn_slot slot[XDPLB_CONN_WAYS];
 };
 
-/* One bucket of a lookup table (inner map of lb_tables). */
+/*
+ * One bucket of a lookup table (inner map of lb_tables).  hop[0] is the first
+ * hop (where new flows go); Beamer tables put the bucket's most recent
+ * distinct previous first hops in hop[1..], most recent first, 0 = none.
+ * Maglev tables leave hop[1..] 0.
+ */
 struct xdplb_bucket {
-	__u32 hop[XDPLB_MAX_HOPS];	/* backend ids; hop[1] == 0: no second hop */
+	__u32 hop[XDPLB_MAX_HOPS];	/* backend ids */
 };
 
 /* lb_config[0]: run-time settings of the LB program. */

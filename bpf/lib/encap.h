@@ -5,7 +5,8 @@
  *
  * lb_encap() is always inlined with constant (family, GUE, hop count), so
  * each variant gets constant header sizes: one bpf_xdp_adjust_head(), one
- * bounds check, fixed-offset stores.
+ * bounds check, fixed-offset stores.  The hop count is 1..XDPLB_MAX_HOPS:
+ * the first hop, then tgt->next[0 .. hops - 2].
  */
 #ifndef XDPLB_LIB_ENCAP_H
 #define XDPLB_LIB_ENCAP_H
@@ -66,6 +67,10 @@ static __always_inline int lb_encap(struct xdp_md *ctx, const struct lb_pkt *pkt
 
 	if (!lb_outer_has_src(cfg, v6))
 		return lb_drop(XDPLB_DROP_NO_CONFIG);
+	/* lb_table_lookup() packed the later hops; the verifier wants to see it. */
+	if ((gue && hops > 1 && !tgt->next[0]) || (gue && hops > 2 && !tgt->next[1]) ||
+	    (gue && hops > 3 && !tgt->next[2]))
+		return lb_drop(XDPLB_DROP_NO_BACKEND);
 
 	/* Keep the original MACs: they stay in place if the FIB has no neighbour. */
 	if (data + ETH_HLEN > data_end)
@@ -141,11 +146,19 @@ static __always_inline int lb_encap(struct xdp_md *ctx, const struct lb_pkt *pkt
 		if (!v6) {
 			hop[0] = tgt->be->addr[0];
 			if (hops > 1)
-				hop[1] = tgt->be2->addr[0];
+				hop[1] = tgt->next[0]->addr[0];
+			if (hops > 2)
+				hop[2] = tgt->next[1]->addr[0];
+			if (hops > 3)
+				hop[3] = tgt->next[2]->addr[0];
 		} else {
 			__builtin_memcpy(hop, tgt->be->addr, 16);
 			if (hops > 1)
-				__builtin_memcpy(hop + 4, tgt->be2->addr, 16);
+				__builtin_memcpy(hop + 4, tgt->next[0]->addr, 16);
+			if (hops > 2)
+				__builtin_memcpy(hop + 8, tgt->next[1]->addr, 16);
+			if (hops > 3)
+				__builtin_memcpy(hop + 12, tgt->next[2]->addr, 16);
 		}
 	}
 

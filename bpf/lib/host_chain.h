@@ -5,9 +5,11 @@
  * use it.
  *
  * When a balancer's table moves a bucket, it sends the bucket's packets to
- * the new owner (first hop) with the old owner as second hop in the GUE hop
- * list.  New connections start at the first hop; a packet of a connection
- * that the first hop does not know belongs to a later hop.  So, before a GUE
+ * the new owner (first hop) with the previous owners (up to XDPLB_MAX_HOPS - 1,
+ * most recent first) as later hops in the GUE hop list.  New connections start
+ * at the first hop; a packet of a connection that a hop does not know belongs
+ * to a later hop, so each hop in turn passes it on until its owner (or the
+ * last hop, as last resort) takes it.  So, before a GUE
  * packet is decapsulated, host_chain_decide() asks this host's TCP stack
  * whether it owns the inner 4-tuple, and when nobody here does,
  * host_chain_forward() sends the packet on with only the outer addresses and

@@ -59,10 +59,15 @@ static __always_inline int lb_under_flood(void)
 #define LB_TCP_SYN	0x02
 #define LB_TCP_ACK	0x10
 
-/* The outcome of selection: who gets the packet, and the flow's hash. */
+/*
+ * The outcome of selection: who gets the packet, and the flow's hash.  A
+ * Beamer bucket adds its usable later hops: next[0 .. nhops - 2], packed
+ * (every one non-NULL), in the bucket's order.  nhops 0 counts as 1.
+ */
 struct lb_target {
 	const struct xdplb_backend *be;
-	const struct xdplb_backend *be2;	/* Beamer second hop, or NULL */
+	const struct xdplb_backend *next[XDPLB_MAX_HOPS - 1];
+	__u32 nhops;
 	__u32 be_id;
 	__u32 hash;
 };
@@ -122,6 +127,19 @@ static __always_inline int lb_conn_lookup(const struct lb_pkt *pkt, __u32 fhash,
 }
 
 /*
+ * A later hop of a Beamer bucket rides along when it is an active backend of
+ * the first hop's family (a hop list holds addresses of one family only).
+ */
+static __always_inline const struct xdplb_backend *lb_later_hop(__u32 id, __u8 family)
+{
+	const struct xdplb_backend *be = lb_backend(id);
+
+	if (be && be->family == family)
+		return be;
+	return NULL;
+}
+
+/*
  * Step 9's hash: the flow hash, or with XDPLB_VIP_F_SRC_HASH everything but
  * src hashed as zero.
  */
@@ -167,20 +185,36 @@ static __always_inline int lb_table_lookup(const struct lb_pkt *pkt,
 		return lb_drop(XDPLB_DROP_NO_BACKEND);
 
 	/*
-	 * Beamer: the second hop rides along in the GUE hop list so the first
-	 * hop can daisy-chain connections it does not know.  A hop list holds
-	 * one family only, so a second hop of the other family is left out.
+	 * Beamer: the bucket's previous owners ride along in the GUE hop list,
+	 * most recent first, so that a hop can daisy-chain connections it does
+	 * not know to the next one.  Unusable hops (0, inactive, the other
+	 * family) are left out and the rest packed, with constant indexes only:
+	 * the verifier does not allow pointers spilled at a variable offset.
 	 */
 	if (vip->table_kind == XDPLB_TABLE_BEAMER) {
-		const struct xdplb_backend *be2 = lb_backend(bucket->hop[1]);
+		__u8 family = tgt->be->family;
+		const struct xdplb_backend *h1 = lb_later_hop(bucket->hop[1], family);
+		const struct xdplb_backend *h2 = lb_later_hop(bucket->hop[2], family);
+		const struct xdplb_backend *h3 = lb_later_hop(bucket->hop[3], family);
 
-		if (be2 && be2->family == tgt->be->family)
-			tgt->be2 = be2;
+		if (!h2) {
+			h2 = h3;
+			h3 = NULL;
+		}
+		if (!h1) {
+			h1 = h2;
+			h2 = h3;
+			h3 = NULL;
+		}
+		tgt->next[0] = h1;
+		tgt->next[1] = h2;
+		tgt->next[2] = h3;
+		tgt->nhops = h3 ? 4 : h2 ? 3 : h1 ? 2 : 1;
 		/*
 		 * Only a SYN is sure to start its connection on the first hop.  Any
-		 * other TCP packet we do not know may belong to a connection the
-		 * second hop has: recording it would pin it to the first hop, whose
-		 * packets then carry no second hop to daisy-chain to.
+		 * other TCP packet we do not know may belong to a connection a
+		 * later hop has: recording it would pin it to the first hop, whose
+		 * packets then carry no later hops to daisy-chain to.
 		 */
 		if (pkt->flow.proto == IPPROTO_TCP &&
 		    (pkt->tcp_flags & (LB_TCP_SYN | LB_TCP_ACK)) != LB_TCP_SYN) {

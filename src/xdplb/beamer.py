@@ -1,10 +1,12 @@
 """Beamer lookup tables (Olteanu et al., NSDI 2018), as Unimog and Nickel use them.
 
 lb_xdp hashes a flow to one of B buckets (``hash % B``, any B >= 1) and sends it to
-the bucket's first hop; a backend that gets a packet of a connection it does not
-have passes it on to the bucket's second hop (daisy chaining, DESIGN.md §1).  When a
-bucket moves from backend a to backend b, a becomes its second hop, so a's
-established connections survive the move.
+the bucket's first hop, with the bucket's previous first hops as later hops in the
+GUE hop list; a backend that gets a packet of a connection it does not have passes it
+on to the next hop in the list (daisy chaining, DESIGN.md §1).  When a bucket moves
+from backend a to backend b, a becomes its most recent previous hop, so a's
+established connections survive the move -- and up to ``MAX_HOPS - 1`` moves of the
+same bucket, since the table keeps that many distinct previous owners per bucket.
 
 The table is a function of its history only: :func:`build` and every :func:`adjust`
 are deterministic (no randomness, no dependence on dict order, ties broken by id or
@@ -13,7 +15,8 @@ the same table.
 
 The adjustment policy (DESIGN.md §3), in order of precedence:
 
-1. swaps: a bucket (a, b) with a over target and b under target becomes (b, a);
+1. swaps: a bucket with first hop a over target whose most recent previous hop b is
+   under target gets b back as first hop (and a as most recent previous hop);
 2. of a donor's buckets, those changed least recently move first;
 3. runs stay contiguous: a donor gives from the ends of its runs, first to a receiver
    that borders the run, and the shortest runs go first;
@@ -34,6 +37,7 @@ from dataclasses import dataclass
 import numpy as np
 import numpy.typing as npt
 
+from xdplb.abi import MAX_HOPS
 from xdplb.state import LookupTable
 
 #: 2**16 buckets: < 1% imbalance for up to ~650 equal backends; need not be prime.
@@ -48,7 +52,7 @@ I64Array = npt.NDArray[np.int64]
 
 @dataclass(frozen=True, eq=False)
 class BeamerTable:
-    """B buckets of (first hop, second hop), and when each bucket last changed.
+    """B buckets of (first hop, previous first hops), and when each bucket last changed.
 
     Compared with ``==`` by content (every array and the generation).  The arrays are
     made read-only: an adjustment makes a new table, the old one may still be in use.
@@ -56,9 +60,10 @@ class BeamerTable:
 
     #: Backend id (>= 1) of each bucket: where its new flows go.
     first: U32Array
-    #: Backend id that owned the bucket before ``first``, 0 for none; never equal to
-    #: ``first``.  It keeps serving the connections it already has (daisy chaining).
-    second: U32Array
+    #: ``(B, MAX_HOPS - 1)``: the distinct backend ids that owned the bucket before
+    #: ``first``, most recent first, 0-padded at the end; never equal to ``first``.  They
+    #: keep serving the connections they already have (daisy chaining).
+    hops: U32Array
     #: Generation at which each bucket last changed hands; 0 = the initial build.
     changed: U64Array
     #: Adjustments applied since :func:`build`; the next one stamps ``generation + 1``.
@@ -66,25 +71,34 @@ class BeamerTable:
 
     def __post_init__(self) -> None:
         first = np.ascontiguousarray(self.first, dtype=np.uint32)
-        second = np.ascontiguousarray(self.second, dtype=np.uint32)
+        hops = np.ascontiguousarray(self.hops, dtype=np.uint32)
         changed = np.ascontiguousarray(self.changed, dtype=np.uint64)
         if first.ndim != 1 or len(first) < 1:
             raise ValueError(f"a Beamer table needs a 1-d array of >= 1 buckets, got {first.shape}")
-        if second.shape != first.shape or changed.shape != first.shape:
+        if hops.shape != (len(first), MAX_HOPS - 1) or changed.shape != first.shape:
             raise ValueError(
-                f"first {first.shape}, second {second.shape} and changed {changed.shape} "
-                "must have one entry per bucket"
+                f"first {first.shape}, hops {hops.shape} and changed {changed.shape} "
+                f"must have one entry (hops: {MAX_HOPS - 1}) per bucket"
             )
         if not first.all():
             raise ValueError(f"bucket {int(np.argmin(first))} has no first hop (0)")
-        same = np.flatnonzero(first == second)
+        # A previous hop equal to the first would send a packet back where it came from.
+        same = np.flatnonzero((hops == first[:, None]).any(axis=1))
         if len(same):
-            # A second hop equal to the first would send a packet back to where it came from.
-            raise ValueError(f"bucket {int(same[0])} has equal first and second hops")
+            raise ValueError(f"bucket {int(same[0])} has a previous hop equal to its first hop")
+        gap = np.flatnonzero(((hops[:, :-1] == 0) & (hops[:, 1:] != 0)).any(axis=1))
+        if len(gap):
+            raise ValueError(f"bucket {int(gap[0])} has a previous hop after a 0 (none)")
+        for j in range(1, MAX_HOPS - 1):
+            dup = np.flatnonzero(
+                ((hops[:, j : j + 1] == hops[:, :j]) & (hops[:, j : j + 1] != 0)).any(axis=1)
+            )
+            if len(dup):
+                raise ValueError(f"bucket {int(dup[0])} names a previous hop twice")
         generation = operator.index(self.generation)
         if generation < 0:
             raise ValueError(f"generation must be >= 0, got {generation}")
-        for name, arr in (("first", first), ("second", second), ("changed", changed)):
+        for name, arr in (("first", first), ("hops", hops), ("changed", changed)):
             arr.flags.writeable = False
             object.__setattr__(self, name, arr)
         object.__setattr__(self, "generation", generation)
@@ -100,7 +114,7 @@ class BeamerTable:
         return (
             self.generation == other.generation
             and bool(np.array_equal(self.first, other.first))
-            and bool(np.array_equal(self.second, other.second))
+            and bool(np.array_equal(self.hops, other.hops))
             and bool(np.array_equal(self.changed, other.changed))
         )
 
@@ -112,27 +126,41 @@ class BeamerTable:
         return {int(i): int(c) for i, c in zip(ids, counts, strict=True)}
 
     def to_lookup_table(self) -> LookupTable:
-        """The hops as the inner map holds them.
-
-        ``second`` is None when no bucket has a second hop, as
-        :meth:`LookupTable.from_buckets` reads such a map back, so the two compare equal.
-        """
-        return LookupTable(self.first, self.second if self.second.any() else None)
+        """The hops as the inner map holds them: ``rest`` is the previous hops (None
+        when no bucket has one, as :meth:`LookupTable.from_buckets` reads it back)."""
+        return LookupTable(self.first, self.hops)
 
 
 def from_lookup_table(table: LookupTable) -> BeamerTable:
     """A Beamer table from hops read back from a map, with no history (generation 0).
 
     What a restarted control plane starts from: it cannot know when buckets changed,
-    so all count as changed at the build.
+    so all count as changed at the build.  Later hops that a Beamer table cannot hold
+    (0 before a hop, a hop equal to the first or named twice) are dropped.
     """
     first = np.asarray(table.first, dtype=np.uint32)
-    if table.second is None:
-        second = np.zeros_like(first)
+    if table.rest is None:
+        hops = np.zeros((len(first), MAX_HOPS - 1), dtype=np.uint32)
     else:
-        second = np.asarray(table.second, dtype=np.uint32)
-        second = np.where(second == first, np.uint32(0), second)
-    return BeamerTable(first, second, np.zeros(len(first), dtype=np.uint64), 0)
+        hops = _previous_hops(first, np.asarray(table.rest, dtype=np.uint32))
+    return BeamerTable(first, hops, np.zeros(len(first), dtype=np.uint64), 0)
+
+
+def _previous_hops(first: U32Array, candidates: U32Array) -> U32Array:
+    """Per bucket, ``candidates`` (most recent first) without 0s, without ``first`` and
+    without repeats, packed to the front and cut to ``MAX_HOPS - 1`` columns."""
+    n = candidates.shape[1]
+    keep = (candidates != 0) & (candidates != first[:, None])
+    for j in range(1, n):
+        seen = (candidates[:, j : j + 1] == candidates[:, :j]) & keep[:, :j]
+        keep[:, j] &= ~seen.any(axis=1)
+    # Stable sort of "dropped" flags moves the kept ones to the front in order.
+    order = np.argsort(~keep, axis=1, kind="stable")
+    packed = np.take_along_axis(np.where(keep, candidates, np.uint32(0)), order, axis=1)
+    out = np.zeros((len(first), MAX_HOPS - 1), dtype=np.uint32)
+    width = min(n, MAX_HOPS - 1)
+    out[:, :width] = packed[:, :width]
+    return out
 
 
 @dataclass(frozen=True)
@@ -202,7 +230,7 @@ def targets(weights: Mapping[int, int], size: int) -> dict[int, int]:
 def build(weights: Mapping[int, int], size: int = DEFAULT_SIZE) -> BeamerTable:
     """The initial table: one contiguous run per backend, in ascending id order.
 
-    Run lengths are :func:`targets`; no bucket has a second hop.  Raises ValueError if
+    Run lengths are :func:`targets`; no bucket has a previous hop.  Raises ValueError if
     ``size`` is not in 1..2**32 - 1, an id is not in 1..2**32 - 1, a weight is
     negative or above 2**32 - 1, or no backend has a weight above 0.
     """
@@ -211,7 +239,12 @@ def build(weights: Mapping[int, int], size: int = DEFAULT_SIZE) -> BeamerTable:
         np.fromiter(counts, dtype=np.uint32, count=len(counts)),
         np.fromiter(counts.values(), dtype=np.int64, count=len(counts)),
     )
-    return BeamerTable(first, np.zeros(size, dtype=np.uint32), np.zeros(size, dtype=np.uint64), 0)
+    return BeamerTable(
+        first,
+        np.zeros((size, MAX_HOPS - 1), dtype=np.uint32),
+        np.zeros(size, dtype=np.uint64),
+        0,
+    )
 
 
 def moved(old: BeamerTable, new: BeamerTable) -> int:
@@ -228,10 +261,11 @@ def adjust(
 
     Returns ``table`` itself when every backend is at its target.  A backend in the
     table but absent from ``weights`` (or of weight 0) has target 0.  A moved bucket
-    gets the receiver as first hop and its old first hop as second hop -- even when
-    that backend left ``weights``: it still serves its established connections, and
+    gets the receiver as first hop and, as previous hops, its old first hop followed
+    by its old previous hops without the receiver, cut to ``MAX_HOPS - 1`` -- even
+    when a backend left ``weights``: it still serves its established connections, and
     whether it is alive is the control plane's business (the data path skips an
-    unusable second hop).  Raises ValueError as :func:`targets` does.
+    unusable hop).  Raises ValueError as :func:`targets` does.
     """
     size = table.size
     want = targets(weights, size)
@@ -248,11 +282,13 @@ def adjust(
     if total == 0:
         return table
     budget = min(policy.max_moves(size), total)
-    # 1. Swaps: (a, b) -> (b, a) with a over and b under target reaches both targets
-    #    and leaves a as second hop: no third backend sees the bucket's connections.
-    six = np.searchsorted(ids, table.second).clip(max=len(ids) - 1)
-    known_second = ids[six] == table.second  # 0 and departed ids are never in ids
-    swappable = np.flatnonzero((surplus[fix] > 0) & known_second & (deficit[six] > 0))
+    # 1. Swaps: first hop a over target, most recent previous hop b under target: b
+    #    takes the bucket back, reaching both targets, and a becomes its most recent
+    #    previous hop -- the bucket's hop list only changes order.
+    recent = table.hops[:, 0]
+    six = np.searchsorted(ids, recent).clip(max=len(ids) - 1)
+    known_recent = ids[six] == recent  # 0 and departed ids are never in ids
+    swappable = np.flatnonzero((surplus[fix] > 0) & known_recent & (deficit[six] > 0))
     swapped: list[int] = []
     if len(swappable):
         key = _peel_key(table.first, deficit[fix] > 0)
@@ -274,7 +310,7 @@ def adjust(
     first = table.first.copy()
     if swapped:
         taken = np.asarray(swapped, dtype=np.int64)
-        first[taken] = table.second[taken]
+        first[taken] = recent[taken]
         fix = np.searchsorted(ids, first)
 
     # 2-3. The rest of the budget: donors give and receivers take in ascending id
@@ -298,11 +334,13 @@ def adjust(
     old = table.first
     moves = np.flatnonzero(first != old)
     generation = table.generation + 1
-    second = table.second.copy()
-    second[moves] = np.where(old[moves] == first[moves], np.uint32(0), old[moves])
+    hops = table.hops.copy()
+    hops[moves] = _previous_hops(
+        first[moves], np.concatenate((old[moves, None], table.hops[moves]), axis=1)
+    )
     changed = table.changed.copy()
     changed[moves] = generation
-    return BeamerTable(first, second, changed, generation)
+    return BeamerTable(first, hops, changed, generation)
 
 
 def _fill(quota: I64Array, budget: int) -> I64Array:

@@ -51,7 +51,7 @@ class HashFields(StrEnum):
 
 class TableKindName(StrEnum):
     MAGLEV = "maglev"  #: one hop per bucket; consistent hashing
-    BEAMER = "beamer"  #: first and second hop per bucket; daisy chaining keeps connections
+    BEAMER = "beamer"  #: first hop + previous owners per bucket; daisy chaining keeps connections
 
     @property
     def abi(self) -> abi.TableKind:
@@ -137,7 +137,7 @@ class VipConfig(_Model):
     encap: EncapKind = EncapKind.GUE
     hash: HashFields = HashFields.FIVE_TUPLE
     table: TableKindName = TableKindName.MAGLEV
-    """maglev, or beamer: a second hop per bucket so backends can daisy-chain connections."""
+    """maglev, or beamer: previous owners per bucket so backends can daisy-chain connections."""
     beamer: BeamerConfig = Field(default_factory=BeamerConfig)
     """Change policy of a Beamer table (ignored for Maglev)."""
     table_size: int | None = None

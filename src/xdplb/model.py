@@ -477,25 +477,25 @@ def _choose(
         return (events, abi.DropReason.NO_BACKEND, flow_hash, bucket, (), None)
     hops: tuple[int, ...] = (first,)
     beamer = params.table_kind == abi.TableKind.BEAMER
-    if beamer and table.second is not None:
-        second = int(table.second[bucket])
-        if second != 0 and _second_hop_ok(state, first, second):
-            hops = (first, second)
+    if beamer and table.rest is not None:
+        later = (int(h) for h in table.rest[bucket])
+        hops = (first, *(h for h in later if h != 0 and _later_hop_ok(state, first, h)))
     # Beamer records only connections sure to start on the first hop: a mid-flow TCP
-    # packet may be the second hop's, and a record would drop that hop from its list.
+    # packet may be a later hop's, and a record would drop those hops from its list.
     insert = (key, ConnEntry(first, flow_hash)) if starts or not beamer else None
     return ((*events, abi.Event.CONN_MISS), None, flow_hash, bucket, hops, insert)
 
 
-def _second_hop_ok(state: DataplaneState, first: int, second: int) -> bool:
-    """A second hop rides along when it is usable and of the first hop's family.
+def _later_hop_ok(state: DataplaneState, first: int, hop: int) -> bool:
+    """A later hop rides along when it is usable and of the first hop's family.
 
     A hop list holds addresses of one (the outer) family only; an inactive
-    second hop has no connections left to daisy-chain to.
+    hop has no connections left to daisy-chain to.  The usable later hops go in
+    the bucket's order, the unusable ones are skipped (lb_select.h packs them).
     """
     return (
-        state.backend_usable(second)
-        and state.backends[second].addr.version == state.backends[first].addr.version
+        state.backend_usable(hop)
+        and state.backends[hop].addr.version == state.backends[first].addr.version
     )
 
 

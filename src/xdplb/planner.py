@@ -237,7 +237,7 @@ def plan(
             vip_puts.append(PutVip(key, params))
     ops_put.extend(vip_puts)
 
-    # A backend leaves only when no table names it: a Beamer second hop is a backend
+    # A backend leaves only when no table names it: a Beamer later hop is a backend
     # that still serves the connections it had when its buckets moved away.
     named = set().union(*(t.hop_ids() for t in live_tables.values()))
     for bid, b in sorted(current.backends.items()):

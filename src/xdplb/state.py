@@ -87,57 +87,76 @@ class BackendState:
 
 @dataclass(frozen=True, eq=False)
 class LookupTable:
-    """A VIP's inner table of ``lb_tables``: bucket i holds ``(first[i], second[i])``.
+    """A VIP's inner table of ``lb_tables``: bucket i holds the hops
+    ``(first[i], *rest[i])`` (``struct xdplb_bucket``, ``abi.MAX_HOPS`` backend ids).
 
-    ``second`` is None for a table with no second hops (Maglev); a second hop of 0
-    means "none" in C too.  The arrays are made read-only: tables are replaced,
-    never edited (docs/datapath.md), and the model may be shared.
+    ``first`` is where new flows go.  ``rest`` (shape ``(B, MAX_HOPS - 1)``) holds the
+    later hops of a Beamer table -- the bucket's previous first hops, most recent first
+    -- with 0 for "none", as in C; it is None when no bucket has one (Maglev), and a
+    ``rest`` given with no non-zero entry is stored as None, so tables compare by
+    content.  A ``rest`` of shape ``(B,)`` or ``(B, k)`` with ``k < MAX_HOPS - 1`` is
+    padded with zeros.  The arrays are made read-only: tables are replaced, never
+    edited (docs/datapath.md), and the model may be shared.
     """
 
     first: U32Array
-    second: U32Array | None = None
+    rest: U32Array | None = None
 
     def __post_init__(self) -> None:
         first = np.ascontiguousarray(self.first, dtype=np.uint32)
         first.flags.writeable = False
         object.__setattr__(self, "first", first)
-        if self.second is not None:
-            second = np.ascontiguousarray(self.second, dtype=np.uint32)
-            if second.shape != first.shape:
-                raise ValueError(
-                    f"second hops {second.shape} do not match first hops {first.shape}"
-                )
-            second.flags.writeable = False
-            object.__setattr__(self, "second", second)
+        if self.rest is None:
+            return
+        rest = np.asarray(self.rest, dtype=np.uint32)
+        if rest.ndim == 1:
+            rest = rest[:, None]
+        width = abi.MAX_HOPS - 1
+        if rest.ndim != 2 or rest.shape[0] != first.shape[0] or not 1 <= rest.shape[1] <= width:
+            raise ValueError(
+                f"later hops {rest.shape} do not match first hops {first.shape} "
+                f"(at most {width} per bucket)"
+            )
+        if not rest.any():
+            object.__setattr__(self, "rest", None)
+            return
+        padded = np.zeros((first.shape[0], width), dtype=np.uint32)
+        padded[:, : rest.shape[1]] = rest
+        padded.flags.writeable = False
+        object.__setattr__(self, "rest", padded)
 
     def __len__(self) -> int:
         return int(self.first.shape[0])
 
     @classmethod
     def from_buckets(cls, buckets: U32Array) -> LookupTable:
-        """From an inner map's ``(size, MAX_HOPS)`` contents; no second hop if none is set."""
-        second = buckets[:, 1]
-        return cls(buckets[:, 0], second if second.any() else None)
+        """From an inner map's ``(size, MAX_HOPS)`` contents; ``rest`` None if all 0."""
+        return cls(buckets[:, 0], buckets[:, 1:])
 
     def __eq__(self, other: object) -> bool:
         if not isinstance(other, LookupTable):
             return NotImplemented
-        if (self.second is None) != (other.second is None):
+        if (self.rest is None) != (other.rest is None):
             return False
-        same_second = (
-            self.second is None or other.second is None or np.array_equal(self.second, other.second)
-        )
-        return bool(np.array_equal(self.first, other.first) and same_second)
+        same_rest = self.rest is None or other.rest is None or np.array_equal(self.rest, other.rest)
+        return bool(np.array_equal(self.first, other.first) and same_rest)
 
     __hash__ = None  # type: ignore[assignment]
 
     def hop_ids(self) -> set[int]:
-        """Every backend id the table names, first or second hop."""
+        """Every backend id the table names, at any hop."""
         ids = set(np.unique(self.first).tolist())
-        if self.second is not None:
-            ids |= set(np.unique(self.second).tolist())
+        if self.rest is not None:
+            ids |= set(np.unique(self.rest).tolist())
         ids.discard(0)
         return ids
+
+    def hops(self, bucket: int) -> tuple[int, ...]:
+        """Bucket ``bucket``'s hops as stored: the first, then the non-zero later ones."""
+        first = int(self.first[bucket])
+        if self.rest is None:
+            return (first,)
+        return (first, *(int(h) for h in self.rest[bucket] if h))
 
     def counts(self) -> dict[int, int]:
         """Buckets per first-hop backend id: each backend's share of new flows."""
@@ -146,8 +165,11 @@ class LookupTable:
 
     def buckets(self) -> bytes:
         """The inner map's contents as ``struct xdplb_bucket[]`` (one batch update)."""
-        second = self.second if self.second is not None else np.zeros_like(self.first)
-        return np.stack([self.first, second], axis=1).astype("<u4").tobytes()
+        out = np.zeros((len(self), abi.MAX_HOPS), dtype="<u4")
+        out[:, 0] = self.first
+        if self.rest is not None:
+            out[:, 1:] = self.rest
+        return out.tobytes()
 
 
 @dataclass(frozen=True)

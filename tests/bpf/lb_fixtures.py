@@ -63,6 +63,7 @@ BACKENDS: dict[int, BackendDef] = {
         BackendDef(8, A("198.18.0.15"), "02:be:00:00:00:15", active=False),
         BackendDef(9, A("198.19.200.1"), None),  # no route at all: drop FIB
         BackendDef(10, A("198.18.0.2"), None),  # the LB itself (co-located): LOCAL
+        BackendDef(11, A("fd78:6470:6c62::14"), None),  # a later hop only: never routed to
     )
 }
 V4_BES = (1, 2, 3)
@@ -79,7 +80,8 @@ class VipDef:
     encap: Encap = Encap.GUE
     flags: int = 0
     table_kind: TableKind = TableKind.MAGLEV
-    second: tuple[int, ...] = ()  # Beamer: hop[1] of bucket i is second[i % n]
+    # Beamer: hop[1..] of bucket i is rest[i % n] (0-padded to MAX_HOPS - 1)
+    rest: tuple[tuple[int, ...], ...] = ()
 
 
 TCP_, UDP_ = socket.IPPROTO_TCP, socket.IPPROTO_UDP
@@ -99,10 +101,28 @@ VIPS: dict[str, VipDef] = {
     "inactive": VipDef(13, A("198.19.1.8"), 80, TCP_, (8,)),
     "noroute": VipDef(14, A("198.19.1.9"), 80, TCP_, (9,)),
     "beamer": VipDef(
-        15, A("198.19.1.10"), 80, TCP_, (1,), table_kind=TableKind.BEAMER, second=(2,)
+        15, A("198.19.1.10"), 80, TCP_, (1,), table_kind=TableKind.BEAMER, rest=((2,),)
     ),
     "ipip6in4": VipDef(16, A("fd78:6470:6c62:1::4"), 80, TCP_, V4_BES, encap=Encap.IPIP),
     "self": VipDef(17, A("198.19.1.11"), 80, TCP_, (10,)),
+    # Four hops (7 is never routed to as a later hop: no neighbour needed).
+    "beamer4": VipDef(
+        18, A("198.19.1.12"), 80, TCP_, (1,), table_kind=TableKind.BEAMER, rest=((2, 3, 7),)
+    ),
+    # Inactive (8) and other-family (4) later hops are left out: two hops.
+    "beamer_skip": VipDef(
+        19, A("198.19.1.13"), 80, TCP_, (1,), table_kind=TableKind.BEAMER, rest=((8, 4, 3),)
+    ),
+    # IPv6: even buckets four hops, odd buckets three (the 0 is skipped).
+    "beamer6": VipDef(
+        20,
+        A("fd78:6470:6c62:1::5"),
+        80,
+        TCP_,
+        (4,),
+        table_kind=TableKind.BEAMER,
+        rest=((5, 6, 11), (0, 5, 6)),
+    ),
 }
 VIP_BY_ID = {v.id: v for v in VIPS.values()}
 
@@ -403,21 +423,38 @@ def _fib_pass(env: Env, frame: bytes) -> Expect:
     )
 
 
-def _beamer(env: Env, frame: bytes) -> Expect:
-    vip = VIPS["beamer"]
-    h = hash_of(frame, vip)
-    ip_len = flow_of(frame)[5]
-    first, second = BACKENDS[1], BACKENDS[2]
-    assert first.mac is not None
-    return Expect(
-        XDP_TX,
-        encapsulated(
-            frame, vip, first, h, eth_dst=first.mac, eth_src=env.lb_mac, hops=(first, second)
-        ),
-        events={Event.CONN_MISS: 1, Event.TX: 1},
-        vip_stats={vip.id: (1, ip_len, 1)},
-        be_stats={first.id: (1, ip_len, 1)},
-    )
+def beamer_hops(frame: bytes, vip: VipDef) -> tuple[BackendDef, ...]:
+    """The hop list lb_xdp must write for a new flow of a Beamer VIP: the first hop,
+    then the bucket's later hops that are active and of the first hop's family."""
+    be_id, h = pick(frame, vip)
+    first = BACKENDS[be_id]
+    rest = vip.rest[(h % TABLE_SIZE) % len(vip.rest)] if vip.rest else ()
+    later = [BACKENDS[i] for i in rest if i]
+    return (first, *(b for b in later if b.active and b.addr.version == first.addr.version))
+
+
+def beamer_flow(vip_name: str) -> Callable[[Env, bytes], Expect]:
+    """A new flow of a Beamer VIP: encapsulated with the bucket's usable hops."""
+
+    def expect(env: Env, frame: bytes) -> Expect:
+        vip = VIPS[vip_name]
+        hops = beamer_hops(frame, vip)
+        first = hops[0]
+        h = hash_of(frame, vip)
+        ip_len = flow_of(frame)[5]
+        assert first.mac is not None
+        return Expect(
+            XDP_TX,
+            encapsulated(frame, vip, first, h, eth_dst=first.mac, eth_src=env.lb_mac, hops=hops),
+            events={Event.CONN_MISS: 1, Event.TX: 1},
+            vip_stats={vip.id: (1, ip_len, 1)},
+            be_stats={first.id: (1, ip_len, 1)},
+        )
+
+    return expect
+
+
+_beamer = beamer_flow("beamer")
 
 
 def _local(env: Env, frame: bytes) -> Expect:
@@ -479,7 +516,18 @@ CASES: list[Case] = [
     Case(
         "source-hash VIP: hash of the source address only", to_vip("srchash"), new_flow("srchash")
     ),
-    Case("Beamer bucket with a second hop: two-hop GUE list", to_vip("beamer"), _beamer),
+    Case("Beamer bucket with a previous hop: two-hop GUE list", to_vip("beamer"), _beamer),
+    Case(
+        "Beamer bucket with three previous hops: four-hop list",
+        to_vip("beamer4"),
+        beamer_flow("beamer4"),
+    ),
+    Case(
+        "Beamer: inactive and other-family hops left out",
+        to_vip("beamer_skip"),
+        beamer_flow("beamer_skip"),
+    ),
+    Case("Beamer over IPv6: 16-byte hops", to_vip("beamer6"), beamer_flow("beamer6")),
     Case(
         "non-VIP address: passed untouched",
         lambda env: bytes(client_frame(A("198.19.99.1"), 80, lb_mac=env.lb_mac)),

@@ -131,8 +131,8 @@ class Lb:
         self.ns = ns
         self.env = fx.Env(lb_mac=ns.lb_mac)
         self.prog = obj.program("lb_xdp")
-        #: vip id -> (first hops, second hops) of the table installed now.
-        self._tables: dict[int, tuple[tuple[int, ...], tuple[int, ...]]] = {}
+        #: vip id -> (first hops, later hops) of the table installed now.
+        self._tables: dict[int, tuple[tuple[int, ...], tuple[tuple[int, ...], ...]]] = {}
 
     # -- configuration -------------------------------------------------------------------
 
@@ -145,7 +145,7 @@ class Lb:
         ConnTable(self.obj.map("lb_conns")).flush()
         # Every lb_tables write waits for an RCU grace period (map-in-map): rewrite only
         # the tables a test changed.
-        wanted = {v.id: (v.backends, v.second) for v in fx.VIPS.values() if v.backends}
+        wanted = {v.id: (v.backends, v.rest) for v in fx.VIPS.values() if v.backends}
         for vip_id in [i for i in self._tables if i not in wanted]:
             self.obj.map("lb_tables").delete(_u32(vip_id))
             del self._tables[vip_id]
@@ -180,17 +180,20 @@ class Lb:
         )
         key = abi.VipKey.make(vip.addr, vip.port, vip.proto)
         self.obj.map("lb_vips").update(key.pack(), info.pack())
-        if vip.backends is not None and self._tables.get(vip.id) != (vip.backends, vip.second):
-            self.set_table(vip.id, vip.backends, vip.second)
+        if vip.backends is not None and self._tables.get(vip.id) != (vip.backends, vip.rest):
+            self.set_table(vip.id, vip.backends, vip.rest)
 
-    def set_table(self, vip_id: int, first: Iterable[int], second: Iterable[int] = ()) -> None:
-        """A fresh inner table (bucket i -> first[i % n], second[i % m]), swapped in."""
-        first, second = tuple(first), tuple(second)
-        self._tables[vip_id] = (first, second)
+    def set_table(
+        self, vip_id: int, first: Iterable[int], rest: Iterable[tuple[int, ...]] = ()
+    ) -> None:
+        """A fresh inner table (bucket i -> first[i % n], then rest[i % m]), swapped in."""
+        first, rest = tuple(first), tuple(tuple(r) for r in rest)
+        self._tables[vip_id] = (first, rest)
         buckets = np.zeros((fx.TABLE_SIZE, abi.MAX_HOPS), dtype=np.uint32)
         buckets[:, 0] = [first[i % len(first)] for i in range(fx.TABLE_SIZE)]
-        if second:
-            buckets[:, 1] = [second[i % len(second)] for i in range(fx.TABLE_SIZE)]
+        for i in range(fx.TABLE_SIZE) if rest else ():
+            later = rest[i % len(rest)]
+            buckets[i, 1 : 1 + len(later)] = later
         with Map.create(
             MapType.ARRAY,
             4,

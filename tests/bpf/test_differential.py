@@ -15,6 +15,7 @@ bulk of the time is then the ~7 µs test_run call itself.
 
 from __future__ import annotations
 
+import ctypes
 import ipaddress
 import os
 import struct
@@ -132,7 +133,12 @@ class ModelLb:
     def set_table(self, vip_id: int, table: model.LookupTable) -> None:
         """A new inner map, filled, then swapped into lb_tables in one update."""
         inner = Map.create(
-            MapType.ARRAY, 4, 8, len(table), name=f"mt{vip_id}", flags=BPF_F_INNER_MAP
+            MapType.ARRAY,
+            4,
+            ctypes.sizeof(abi.Bucket),
+            len(table),
+            name=f"mt{vip_id}",
+            flags=BPF_F_INNER_MAP,
         )
         inner.update_array(table.buckets())
         self.obj.map("lb_tables").update(struct.pack("<I", vip_id), struct.pack("<I", inner.fd))
@@ -212,8 +218,9 @@ def make_state() -> model.DataplaneState:
             9, table_size=1009, table_kind=abi.TableKind.BEAMER
         ),
     }
-    # Second hops: none, usable, other family (left out), inactive (left out).
-    second = rng.choice(np.array([0, 1, 2, 3, 4, 7, 8], dtype=np.uint32), 1009)
+    # Later hops, three per bucket: none, usable, other family (left out), inactive (left
+    # out), in any order and with gaps, so every hop count 1-4 occurs.
+    rest = rng.choice(np.array([0, 1, 2, 3, 4, 7, 8], dtype=np.uint32), (1009, abi.MAX_HOPS - 1))
     tables = {
         1: m.LookupTable(maglev_ids([1, 2, 3], 65537, [1, 2, 3])),
         2: m.LookupTable(maglev_ids([1, 2, 3], 251)),
@@ -224,7 +231,7 @@ def make_state() -> model.DataplaneState:
         6: m.LookupTable(maglev_ids([4, 5, 3], 65537)),
         7: m.LookupTable(maglev_ids([1, 4], 1009)),
         8: m.LookupTable(maglev_ids([2, 3, 4], 251)),
-        9: m.LookupTable(maglev_ids([1, 2, 3], 1009), second),
+        9: m.LookupTable(maglev_ids([1, 2, 3], 1009), rest),
     }
     backends = {i: m.BackendState(a, active) for i, (a, active) in BACKENDS.items()}
     config = m.LbConfig(LB_SRC4, LB_SRC6, gue_port=6080, seed=0x9E3779B9)
@@ -434,9 +441,9 @@ def test_new_flows_match_the_model(
     # Every flow is new and forwarded (no drops in this scenario by construction).
     assert all(d.outcome is model.Outcome.FORWARD for d in decisions)
     assert all(d.events == (abi.Event.CONN_MISS,) for d in decisions)
-    # Coverage: every VIP, both outer families, one and two hops were exercised.
+    # Coverage: every VIP, both outer families, every hop count 1-4 was exercised.
     assert {d.vip_params.vip_id for d in decisions if d.vip_params} == set(range(1, 10))
-    assert {len(d.hops) for d in decisions} == {1, 2}
+    assert {len(d.hops) for d in decisions} == {1, 2, 3, 4}
     assert {BACKENDS[d.backend_id][0].version for d in decisions if d.backend_id} == {4, 6}
 
     # The vectorised prediction agrees with what the program did.
@@ -470,7 +477,7 @@ def test_known_flows_hit_the_connection_table(
     for a, b in zip(first, second, strict=True):
         assert b.events == (abi.Event.CONN_HIT,)
         assert b.backend_id == a.backend_id and b.gue_sport == a.gue_sport
-        # A hit knows one hop only: the second hop is not in the connection entry.
+        # A hit knows one hop only: later hops are not in the connection entry.
         assert b.hops == a.hops[:1]
     assert np.array_equal(mlb.counters("lb_events", len(abi.Event)) - ev0, event_deltas(second))
     assert stats_diff(read_stats(mlb), st0) == stats_deltas(second)

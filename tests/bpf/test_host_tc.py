@@ -566,3 +566,68 @@ def test_chain_ipip_never_chained(host_obj: object, chain_ns: ChainNs) -> None:
     inner = _inner_tcp(4, 40009, NOBODY_PORT, "A")
     frame = ether(ipip_encap(inner, LB4, HOST4))
     _chain(host_obj, chain_ns, frame, TC_ACT_OK, ether(inner), IPIP)
+
+
+# --- Longer hop lists: a Beamer bucket carries up to abi.MAX_HOPS hops ------------------
+
+#: Hops that are neither this host nor routed to in these tests (only listed).
+FAR = {
+    4: [ipaddress.ip_address("198.18.0.21"), ipaddress.ip_address("198.18.0.22")],
+    6: [ipaddress.ip_address("fd78:6470:6c62::21"), ipaddress.ip_address("fd78:6470:6c62::22")],
+}
+
+
+def _hop_lists(fam: int) -> list[tuple[list[abi.IPAddress], int]]:
+    """(hop list, index of this host): this host at hop 1 of 3, hop 1 of 4, hop 2 of 4,
+    OTHER right after it."""
+    a, b = FAR[fam]
+    h, o = HOST[fam], OTHER[fam]
+    return [([a, h, o], 1), ([a, h, o, b], 1), ([a, b, h, o], 2)]
+
+
+@pytest.mark.parametrize("fam", [4, 6], ids=["v4", "v6"])
+@pytest.mark.parametrize("case", [0, 1, 2], ids=["hop1-of-3", "hop1-of-4", "hop2-of-4"])
+def test_chain_forwards_again_along_a_longer_list(
+    host_obj: object, chain_ns: ChainNs, fam: int, case: int
+) -> None:
+    """A packet forwarded to this host (not hop 0) that it does not own goes on to the
+    next hop: outer source = this host, next hop index + 1, the rest of the list as is."""
+    assert abi.MAX_HOPS == 4
+    hops, me = _hop_lists(fam)[case]
+    inner = _inner_tcp(fam, 40010 + case, NOBODY_PORT, "A")
+    frame = ether(gue_encap(inner, hops[me - 1], HOST[fam], hops=hops, next_hop=me))
+    want = ether(
+        gue_encap(inner, HOST[fam], OTHER[fam], hops=hops, next_hop=me + 1),
+        src=HOST_MAC,
+        dst=OTHER_MAC,
+    )
+    _chain(host_obj, chain_ns, frame, TC_ACT_REDIRECT, want, abi.HostEvent.FORWARD)
+
+
+@pytest.mark.parametrize("fam", [4, 6], ids=["v4", "v6"])
+@pytest.mark.parametrize("n", [3, 4])
+def test_chain_last_resort_at_the_last_of_more_hops(
+    host_obj: object, chain_ns: ChainNs, fam: int, n: int
+) -> None:
+    """This host is the last of 3 or 4 hops and nobody here owns the tuple: taken here."""
+    hops = [*[*FAR[fam], OTHER[fam]][: n - 1], HOST[fam]]
+    inner = _inner_tcp(fam, 40020 + n, NOBODY_PORT, "A")
+    _accepted(host_obj, chain_ns, inner, abi.HostEvent.ACCEPT_LAST_RESORT, hops, next_hop=n - 1)
+
+
+def test_chain_owned_at_a_later_hop(
+    host_obj: object, chain_ns: ChainNs, conn: tuple[int, int, int]
+) -> None:
+    """The connection's owner is hop 2 of 4: it keeps the packet, hop 3 never sees it."""
+    fam, cport, vport = conn
+    hops = [*FAR[fam], HOST[fam], OTHER[fam]]
+    inner = _inner_tcp(fam, cport, vport, "PA")
+    _accepted(host_obj, chain_ns, inner, abi.HostEvent.ACCEPT_OWNED, hops, next_hop=2)
+
+
+@pytest.mark.parametrize("fam", [4, 6], ids=["v4", "v6"])
+def test_chain_loop_guard_in_a_longer_list(host_obj: object, chain_ns: ChainNs, fam: int) -> None:
+    """Hop 2 of 4 is this host again (the list would bring the packet back): taken here."""
+    hops = [FAR[fam][0], HOST[fam], HOST[fam], OTHER[fam]]
+    inner = _inner_tcp(fam, 40030, NOBODY_PORT, "A")
+    _accepted(host_obj, chain_ns, inner, abi.HostEvent.ACCEPT_LOOP, hops, next_hop=1)

@@ -125,8 +125,8 @@ def test_new_flow_is_recorded_with_its_hash(lb: Lb) -> None:
 
 
 def test_beamer_records_only_connections_that_start_on_the_first_hop(lb: Lb) -> None:
-    """A mid-flow TCP packet of a Beamer VIP may be its second hop's: forwarded with both
-    hops, every time, and never recorded; a SYN is recorded as usual."""
+    """A mid-flow TCP packet of a Beamer VIP may be a later hop's: forwarded with every
+    hop, every time, and never recorded; a SYN is recorded as usual."""
     vip = fx.VIPS["beamer"]
     ack_pkt = fx.client_frame(vip.addr, vip.port, sport=42001, lb_mac=lb.env.lb_mac)
     ack_pkt[TCP].flags = "A"  # from a connection made before this LB knew the flow
@@ -137,6 +137,25 @@ def test_beamer_records_only_connections_that_start_on_the_first_hop(lb: Lb) -> 
     syn = _frame(lb, "beamer", sport=42000)
     run_case(lb, syn, fx._beamer(lb.env, syn))
     assert lb.conn(syn) is not None
+
+
+def test_beamer_hop_lists_of_every_length(lb: Lb) -> None:
+    """New flows on Beamer VIPs whose buckets name 1-3 later hops, with gaps, inactive
+    and other-family ones: GUE hop lists of two, three and four hops, IPv4 and IPv6."""
+    seen: set[tuple[str, int]] = set()
+    for name in ("beamer", "beamer4", "beamer_skip", "beamer6"):
+        for sport in range(43000, 43016):
+            frame = _frame(lb, name, sport=sport)
+            hops = fx.beamer_hops(frame, fx.VIPS[name])
+            run_case(lb, frame, fx.beamer_flow(name)(lb.env, frame))
+            seen.add((name, len(hops)))
+    assert seen == {
+        ("beamer", 2),
+        ("beamer4", 4),
+        ("beamer_skip", 2),
+        ("beamer6", 4),
+        ("beamer6", 3),
+    }
 
 
 def test_second_packet_hits_the_connection_table_after_a_table_change(lb: Lb) -> None:

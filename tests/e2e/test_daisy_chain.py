@@ -1,16 +1,18 @@
 """Daisy chaining in the lab: Beamer tables keep every connection through backend
 changes, even when the balancers forget every flow after each change.
 
-200 long-lived TCP connections stream and verify bytes while a backend is added and then
-another removed; after every change every balancer's connection table is flushed (as if
-another LB node had taken over). With Beamer tables host_tc passes packets of connections
-it does not have to the bucket's second hop, and nothing breaks; the same scenario with
-Maglev tables shows the breakage this removes. Run for the dedicated-LB and the
-co-located topology.
+200 long-lived TCP connections stream and verify bytes while a backend is added, another
+removed, and then the weights change five times; after every change every balancer's
+connection table is flushed (as if another LB node had taken over). With Beamer tables a
+bucket carries its previous owners (up to abi.MAX_HOPS - 1, most recent first) as later
+hops, host_tc passes packets of connections it does not have to the next hop, and nothing
+breaks, although buckets move several times; the same scenario with Maglev tables shows
+the breakage this removes. Run for the dedicated-LB and the co-located topology.
 
-Not here yet (issue 3): five weight changes on top. With two hops per bucket a bucket
-that moves twice loses its first owner's connections; a simulation of this very sequence
-breaks about 60 of 200 such connections with two hops, about 10 with three, none with four.
+With only two hops per bucket (one previous owner) a bucket that moves twice would lose
+its first owner's connections: a simulation of this very sequence breaks about 60 of 200
+such connections with two hops, about 10 with three, none with four
+(tests/unit/test_beamer.py, test_daisy_chain_sequence_breaks_no_connection).
 """
 
 from __future__ import annotations
@@ -45,7 +47,7 @@ class Outcome:
 
     broken: list[str] = field(default_factory=list)  # streams that failed, and why
     misplaced: list[str] = field(default_factory=list)  # new connections off their first hop
-    forwarded: int = 0  # second-hop forwards while the old connections lived
+    forwarded: int = 0  # daisy-chain forwards while the old connections lived
     forwarded_after: int = 0  # ... and after they had all finished
 
 
@@ -58,9 +60,16 @@ def vips(lab: Lab, table: str, weights: dict[str, int]) -> list[dict[str, Any]]:
     ]
 
 
+#: Weights of (b2, b3, b4) after b4 joined and b1 left: buckets move back and forth.
+WEIGHT_CHANGES = [(2, 1, 1), (1, 2, 1), (1, 1, 2), (3, 1, 1), (1, 1, 1)]
+
+
 def changes() -> list[dict[str, int]]:
-    """b4 joins, then b1 leaves (its host keeps running: its connections must live on)."""
-    return [{"b1": 1, "b2": 1, "b3": 1, "b4": 1}, {"b2": 1, "b3": 1, "b4": 1}]
+    """b4 joins, then b1 leaves (its host keeps running: its connections must live on),
+    then the weights of b2, b3, b4 change five times."""
+    joined_left = [{"b1": 1, "b2": 1, "b3": 1, "b4": 1}, {"b2": 1, "b3": 1, "b4": 1}]
+    weights = [dict(zip(("b2", "b3", "b4"), w, strict=True)) for w in WEIGHT_CHANGES]
+    return joined_left + weights
 
 
 @pytest.fixture(params=["dedicated", "colocated"])
@@ -131,7 +140,7 @@ def run_scenario(lab: Lab, workdir: Path, table: str) -> Outcome:
     out.forwarded = host_forwards(lab) - forwards0
     for s in streams:
         s.close()
-    # The old connections are gone: new traffic needs no second hop.
+    # The old connections are gone: new traffic needs no later hop.
     time.sleep(0.5)
     before = host_forwards(lab)
     for p in range(port, port + 50):
@@ -148,7 +157,7 @@ def test_beamer_keeps_every_connection(topology: tuple[Lab, Path]) -> None:
     print(
         f"\nbeamer ({'co-located' if lab.colocated else 'dedicated'}): "
         f"{len(out.broken)} of {STREAMS} connections broken, "
-        f"{out.forwarded} second-hop forwards, {out.forwarded_after} after"
+        f"{out.forwarded} daisy-chain forwards, {out.forwarded_after} after"
     )
     assert out.broken == []
     assert out.misplaced == []
@@ -164,4 +173,4 @@ def test_maglev_breaks_connections_in_the_same_scenario(topology: tuple[Lab, Pat
         f"{len(out.broken)} of {STREAMS} connections broken"
     )
     assert out.misplaced == []
-    assert len(out.broken) > 0, "without a second hop, moved buckets break connections"
+    assert len(out.broken) > 0, "without later hops, moved buckets break connections"

@@ -1,4 +1,4 @@
-"""Beamer tables: balance, minimal movement, second hops, the adjustment policy, determinism."""
+"""Beamer tables: balance, minimal movement, previous hops, the adjustment policy, determinism."""
 
 from __future__ import annotations
 
@@ -13,22 +13,46 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from xdplb import beamer
+from xdplb import abi, beamer
 from xdplb.state import LookupTable
 
 pytestmark = pytest.mark.unit
 
 
+PREV = abi.MAX_HOPS - 1  # previous hops per bucket
+
+
+def hops_of(previous: list[int] | list[list[int]], n: int) -> np.ndarray:
+    """``(n, PREV)`` previous hops: an int per bucket is its most recent one only."""
+    out = np.zeros((n, PREV), dtype=np.uint32)
+    for i, p in enumerate(previous):
+        row = [p] if isinstance(p, int) else p
+        out[i, : len(row)] = row
+    return out
+
+
 def table_of(
-    first: list[int], second: list[int] | None = None, changed: list[int] | None = None
+    first: list[int],
+    previous: list[int] | list[list[int]] | None = None,
+    changed: list[int] | None = None,
 ) -> beamer.BeamerTable:
     n = len(first)
     return beamer.BeamerTable(
         np.array(first, dtype=np.uint32),
-        np.array(second if second is not None else [0] * n, dtype=np.uint32),
+        hops_of(previous or [], n),
         np.array(changed if changed is not None else [0] * n, dtype=np.uint64),
         max(changed) if changed else 0,
     )
+
+
+def expected_hops(old: beamer.BeamerTable, bucket: int, new_first: int) -> list[int]:
+    """A moved bucket's previous hops, the slow way: old first, then old previous hops,
+    without the new first hop, most recent first, cut to PREV and 0-padded."""
+    hops: list[int] = []
+    for h in [int(old.first[bucket]), *old.hops[bucket].tolist()]:
+        if h and h != new_first and h not in hops:
+            hops.append(h)
+    return (hops + [0] * PREV)[:PREV]
 
 
 def converge(
@@ -58,11 +82,13 @@ def check_step(old: beamer.BeamerTable, new: beamer.BeamerTable) -> None:
     """The hop invariants of one adjustment."""
     moves = old.first != new.first
     assert new.generation == old.generation + 1
-    assert np.array_equal(new.second[moves], old.first[moves]), "second hop = old first hop"
-    assert np.array_equal(new.second[~moves], old.second[~moves]), "unmoved keep second hop"
+    assert np.array_equal(new.hops[moves, 0], old.first[moves]), "most recent = old first hop"
+    for b in np.flatnonzero(moves)[:50].tolist():
+        assert new.hops[b].tolist() == expected_hops(old, b, int(new.first[b])), b
+    assert np.array_equal(new.hops[~moves], old.hops[~moves]), "unmoved keep their hops"
     assert np.all(new.changed[moves] == new.generation)
     assert np.array_equal(new.changed[~moves], old.changed[~moves])
-    assert not np.any(new.first == new.second), "equal hops keep no second hop"
+    assert not np.any(new.hops == new.first[:, None]), "no previous hop equals the first"
 
 
 # --- targets and build ----------------------------------------------------------------
@@ -95,7 +121,8 @@ def test_targets_sum_to_size_within_one_bucket(weights: dict[int, int], size: in
 def test_build_one_run_per_backend_in_id_order() -> None:
     table = beamer.build({7: 1, 2: 2, 5: 1, 9: 0}, 12)
     assert table.first.tolist() == [2] * 6 + [5] * 3 + [7] * 3
-    assert not table.second.any() and not table.changed.any()
+    assert table.hops.shape == (12, PREV)
+    assert not table.hops.any() and not table.changed.any()
     assert table.generation == 0 and table.size == 12
     assert table.counts() == {2: 6, 5: 3, 7: 3}
 
@@ -147,19 +174,25 @@ def test_build_rejects(weights: dict[int, int], size: int, message: str) -> None
 def test_size_one_and_more_backends_than_buckets() -> None:
     assert beamer.build({4: 1, 5: 1}, 1).first.tolist() == [4]
     table = beamer.adjust(beamer.build({4: 1}, 1), {5: 1})
-    assert (table.first.tolist(), table.second.tolist()) == ([5], [4])
+    assert (table.first.tolist(), table.hops.tolist()) == ([5], [[4, 0, 0]])
 
 
 def test_table_is_read_only_and_checks_hops() -> None:
     table = beamer.build({1: 1}, 4)
     with pytest.raises(ValueError, match="read-only"):
         table.first[0] = 2
-    with pytest.raises(ValueError, match="bucket 1 has equal first and second hops"):
-        table_of([1, 2], [0, 2])
+    with pytest.raises(ValueError, match="bucket 1 has a previous hop equal to its first hop"):
+        table_of([1, 2], [0, [3, 2]])
     with pytest.raises(ValueError, match="bucket 0 has no first hop"):
         table_of([0, 2])
-    with pytest.raises(ValueError, match="one entry per bucket"):
-        beamer.BeamerTable(table.first, table.second[:2], table.changed)
+    with pytest.raises(ValueError, match="bucket 1 has a previous hop after a 0"):
+        table_of([1, 2], [0, [0, 3]])
+    with pytest.raises(ValueError, match="bucket 0 names a previous hop twice"):
+        table_of([1, 2], [[3, 4, 3], 0])
+    with pytest.raises(ValueError, match="one entry"):
+        beamer.BeamerTable(table.first, table.hops[:2], table.changed)
+    with pytest.raises(ValueError, match="one entry"):
+        beamer.BeamerTable(table.first, table.hops[:, :2], table.changed)
 
 
 def test_equality_is_by_content() -> None:
@@ -167,25 +200,41 @@ def test_equality_is_by_content() -> None:
     assert beamer.build({1: 1, 2: 1}, 8) != beamer.build({1: 1, 2: 2}, 8)
     a = table_of([1, 2], [2, 1], [1, 1])
     assert a != table_of([1, 2], [2, 1], [1, 0])
-    assert a != beamer.BeamerTable(a.first, a.second, a.changed, 5)
+    assert a != beamer.BeamerTable(a.first, a.hops, a.changed, 5)
+    assert a != table_of([1, 2], [[2, 3], 1], [1, 1])
 
 
 def test_lookup_table_round_trip() -> None:
     table = beamer.build({1: 1, 2: 1}, 8)
     lookup = table.to_lookup_table()
-    # No second hop at all reads back from the map as None: the two must compare equal.
-    assert lookup.second is None
-    assert lookup == LookupTable.from_buckets(np.stack([table.first, table.second], axis=1))
-    adjusted = beamer.adjust(table, {1: 1, 2: 1, 3: 2})
+    # No previous hop at all reads back from the map as None: the two must compare equal.
+    assert lookup.rest is None
+    assert lookup == LookupTable.from_buckets(np.column_stack([table.first, table.hops]))
+    adjusted = table
+    for weights in ({1: 1, 2: 1, 3: 2}, {1: 1, 2: 1, 3: 2, 4: 3}, {1: 3, 4: 1}):
+        adjusted = beamer.adjust(adjusted, weights, beamer.Policy(max_step=1))
+    assert (adjusted.hops[:, 1] != 0).any(), "some bucket has two previous hops"
     lookup = adjusted.to_lookup_table()
-    assert lookup.second is not None and np.array_equal(lookup.second, adjusted.second)
+    assert lookup.rest is not None and np.array_equal(lookup.rest, adjusted.hops)
+    assert LookupTable.from_buckets(np.frombuffer(lookup.buckets(), "<u4").reshape(-1, 4)) == lookup
     back = beamer.from_lookup_table(lookup)
     assert np.array_equal(back.first, adjusted.first)
-    assert np.array_equal(back.second, adjusted.second)
+    assert np.array_equal(back.hops, adjusted.hops)
     assert back.generation == 0 and not back.changed.any()
 
 
-# --- minimal movement and second hops -------------------------------------------------
+def test_from_lookup_table_keeps_what_a_beamer_table_can_hold() -> None:
+    # Read back from a map someone else filled: 0 gaps closed, the first hop and
+    # repeats dropped, order kept.
+    lookup = LookupTable(
+        np.array([1, 2, 3], dtype=np.uint32),
+        np.array([[0, 4, 5], [2, 4, 4], [3, 0, 0]], dtype=np.uint32),
+    )
+    back = beamer.from_lookup_table(lookup)
+    assert back.hops.tolist() == [[4, 5, 0], [4, 0, 0], [0, 0, 0]]
+
+
+# --- minimal movement and previous hops -----------------------------------------------
 
 backend_weights = st.dictionaries(st.integers(1, 12), st.integers(0, 9), min_size=1, max_size=8)
 
@@ -242,13 +291,50 @@ def test_hop_invariants_across_a_history(
             table = new
 
 
-def test_removed_backend_becomes_second_hop() -> None:
+def test_removed_backend_becomes_previous_hop() -> None:
     table = beamer.build({1: 1, 2: 1, 3: 1}, 9)
     new = beamer.adjust(table, {1: 1, 2: 1}, beamer.Policy(max_step=1))
     gone = table.first == 3
     assert set(new.first[gone].tolist()) == {1, 2}
-    assert new.second[gone].tolist() == [3, 3, 3]
-    assert not new.second[~gone].any()
+    assert new.hops[gone].tolist() == [[3, 0, 0]] * 3
+    assert not new.hops[~gone].any()
+
+
+def test_bucket_moved_three_times_keeps_its_three_previous_owners() -> None:
+    policy = beamer.Policy(max_step=1)
+    table = beamer.build({1: 1}, 1)
+    for owner in (2, 3, 4):
+        table = beamer.adjust(table, {owner: 1}, policy)
+    assert (table.first.tolist(), table.hops.tolist()) == ([4], [[3, 2, 1]])
+    # A fourth move forgets the oldest owner; coming back drops the new first hop from
+    # the list and keeps the others in order.
+    assert beamer.adjust(table, {5: 1}, policy).hops.tolist() == [[4, 3, 2]]
+    back = beamer.adjust(table, {2: 1}, policy)
+    assert (back.first.tolist(), back.hops.tolist()) == ([2], [[4, 3, 1]])
+
+
+def test_daisy_chain_sequence_breaks_no_connection() -> None:
+    """The e2e test's history (tests/e2e/test_daisy_chain.py), 200 connections on random
+    buckets of a full-size table: each survives iff its first owner stays on its
+    bucket's hop list through every step."""
+    policy = beamer.Policy(min_interval=0, max_step=1.0)
+    table = beamer.build({1: 1, 2: 1, 3: 1})
+    buckets = np.random.default_rng(7).integers(0, table.size, 200)
+    owner = table.first[buckets]
+    alive = np.ones(200, dtype=bool)
+    history = [{1: 1, 2: 1, 3: 1, 4: 1}, {2: 1, 3: 1, 4: 1}]
+    history += [dict(zip((2, 3, 4), w, strict=True)) for w in DAISY_WEIGHTS]
+    for weights in history:
+        steps = converge(table, weights, policy)
+        for step in steps[1:]:
+            hops = np.column_stack([step.first, step.hops])[buckets]
+            alive &= (hops == owner[:, None]).any(axis=1)
+        table = steps[-1]
+    assert alive.all(), f"{int((~alive).sum())} of 200 connections broken"
+
+
+#: The weight changes of (2, 3, 4) after "4 joins, 1 leaves" in the e2e test.
+DAISY_WEIGHTS = [(2, 1, 1), (1, 2, 1), (1, 1, 2), (3, 1, 1), (1, 1, 1)]
 
 
 def test_at_target_returns_the_same_table() -> None:
@@ -261,7 +347,7 @@ def test_at_target_returns_the_same_table() -> None:
 
 
 def test_swaps_come_first() -> None:
-    # Backend 1 owns 12 buckets; three of them came from 2 (second hop 2), most recently,
+    # Backend 1 owns 12 buckets; three of them came from 2 (previous hop 2), most recently,
     # in the middle of 1's run.  Weights now take 3 buckets from 1 back to 2: the swaps
     # reach that with no third party, before less recently changed, better placed buckets.
     first = [1] * 12 + [2] * 4
@@ -272,11 +358,11 @@ def test_swaps_come_first() -> None:
     table = table_of(first, second, changed)
     new = beamer.adjust(table, {1: 9, 2: 7}, beamer.Policy(max_step=1))
     assert np.flatnonzero(new.first != table.first).tolist() == [3, 6, 9]
-    assert new.second[[3, 6, 9]].tolist() == [1, 1, 1]
+    assert new.hops[[3, 6, 9]].tolist() == [[1, 0, 0]] * 3
 
 
 def test_swaps_only_toward_receivers_and_within_the_step() -> None:
-    # Second hops 3 (not a receiver) are no swap; of the swaps, the step takes the oldest.
+    # Previous hops 3 (not a receiver) are no swap; of the swaps, the step takes the oldest.
     first = [1] * 12 + [2] * 4
     second = [0, 3, 0, 2, 3, 0, 2, 3, 0, 2, 0, 0] + [0] * 4
     changed = [0, 1, 0, 4, 1, 0, 2, 1, 0, 3, 0, 0] + [0] * 4
@@ -291,7 +377,18 @@ def test_swap_returns_a_bucket_after_a_weight_goes_back() -> None:
     back = beamer.adjust(there, {1: 1, 2: 1}, beamer.Policy(max_step=1))
     assert np.array_equal(back.first, table.first)
     returned = there.first != table.first
-    assert back.second[returned].tolist() == [2] * int(returned.sum())
+    assert back.hops[returned].tolist() == [[2, 0, 0]] * int(returned.sum())
+
+
+def test_swap_looks_at_the_most_recent_previous_hop_only() -> None:
+    # Buckets 0-1 came from 3 after 2 had them: the swap toward 2 takes buckets whose
+    # most recent previous hop is 2 (4-5), not those with 2 further down the list.
+    first = [1] * 6 + [2] * 6
+    previous = [[3, 2], [3, 2], 0, 0, 2, 2] + [0] * 6
+    table = table_of(first, previous, [2, 2, 0, 0, 1, 1] + [0] * 6)
+    new = beamer.adjust(table, {1: 4, 2: 8}, beamer.Policy(max_step=2 / 12))
+    assert np.flatnonzero(new.first != table.first).tolist() == [4, 5]
+    assert new.hops[[4, 5]].tolist() == [[1, 0, 0]] * 2
 
 
 # --- policy: least recently changed ---------------------------------------------------
@@ -309,7 +406,7 @@ def test_least_recently_changed_buckets_move_first() -> None:
 
 def test_recently_received_buckets_stay_when_weights_swing() -> None:
     # 3 gains 50 buckets, then a new backend 4 takes 75 from 3: 3 gives its buckets of
-    # the build, not the ones it just got (no swap applies: no bucket's second hop is 4).
+    # the build, not the ones it just got (no swap applies: no bucket's previous hop is 4).
     table = beamer.build({1: 1, 2: 1, 3: 1}, 300)
     grown = converge(table, {1: 1, 2: 1, 3: 2}, beamer.Policy(max_step=1))[-1]
     new = beamer.adjust(grown, {1: 1, 2: 1, 3: 1, 4: 1}, beamer.Policy(max_step=1))
@@ -393,7 +490,9 @@ def test_runs_stay_few_and_fewer_than_a_naive_choice() -> None:
     for weights in HISTORY[1:]:
         table = converge(table, weights, policy)[-1]
         naive = naive_adjust(
-            beamer.BeamerTable(naive, np.zeros_like(naive), table.changed), weights, rng
+            beamer.BeamerTable(naive, np.zeros((len(naive), PREV), np.uint32), table.changed),
+            weights,
+            rng,
         )
     ours, theirs = runs(table.first), runs(naive)
     # A newcomer takes from every donor, one run each at worst (9 took from 8); the

@@ -448,6 +448,30 @@ def test_beamer_writes_both_hops() -> None:
         assert d.conn_insert == (f.key(), m.ConnEntry(1, d.flow_hash))
 
 
+@pytest.mark.parametrize(
+    ("rest", "want"),
+    [
+        ([2, 3, 6], (1, 2, 3, 6)),
+        ([6, 0, 2], (1, 6, 2)),  # a 0 in the middle is skipped
+        ([5, 4, 3], (1, 3)),  # inactive and other-family hops are skipped
+        ([0, 0, 0], (1,)),
+        ([77, 2, 2], (1, 2, 2)),  # the data path does not deduplicate: the table does
+    ],
+)
+def test_beamer_hop_list_is_the_usable_later_hops_in_order(
+    rest: list[int], want: tuple[int, ...]
+) -> None:
+    backends = {**BACKENDS, 6: m.BackendState(V4("198.18.0.16"))}
+    table = m.LookupTable(cycle([1]), np.tile(np.array(rest, dtype=np.uint32), (SIZE, 1)))
+    st_ = state(backends=backends, tables={**TABLES, 6: table})
+    d = m.decide(st_, m.frame(flow(VIP4_BEAMER)))
+    assert (d.outcome, d.hops) == (m.Outcome.FORWARD, want)
+    assert d.packet is not None
+    _, _, gue, _ = split_gue(d.packet, 4)
+    addrs = b"".join(backends[h].addr.packed for h in want)
+    assert gue == bytes([1 + len(want), 4, 0, 0, 0, 0, 0, len(want)]) + addrs
+
+
 # --- 10./11. Stats and encapsulation ------------------------------------------------------------
 
 
@@ -589,9 +613,19 @@ def test_config_abi_value_is_network_order() -> None:
 
 def test_lookup_table_buckets_layout() -> None:
     t = m.LookupTable(np.array([1, 2], dtype=np.uint32), np.array([0, 3], dtype=np.uint32))
-    assert t.buckets() == struct.pack("<4I", 1, 0, 2, 3)
-    with pytest.raises(ValueError, match="second hops"):
+    assert t.buckets() == struct.pack("<8I", 1, 0, 0, 0, 2, 3, 0, 0)
+    assert t.rest is not None and t.rest.shape == (2, abi.MAX_HOPS - 1)
+    assert t.hops(0) == (1,) and t.hops(1) == (2, 3)
+    full = m.LookupTable(np.array([1], dtype=np.uint32), np.array([[4, 0, 6]], dtype=np.uint32))
+    assert full.buckets() == struct.pack("<4I", 1, 4, 0, 6)
+    assert full.hop_ids() == {1, 4, 6} and full.hops(0) == (1, 4, 6)
+    assert m.LookupTable.from_buckets(np.array([[1, 4, 0, 6]], dtype=np.uint32)) == full
+    # No later hop anywhere is no later hops at all: equal to a table without them.
+    assert m.LookupTable(np.array([1]), np.zeros((1, 3), np.uint32)) == m.LookupTable(np.array([1]))
+    with pytest.raises(ValueError, match="later hops"):
         m.LookupTable(np.array([1, 2]), np.array([1]))
+    with pytest.raises(ValueError, match="later hops"):
+        m.LookupTable(np.array([1]), np.array([[1, 2, 3, 4]]))
 
 
 def test_predict_backend_matches_decide() -> None:

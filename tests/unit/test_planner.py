@@ -85,7 +85,7 @@ def test_first_plan_builds_everything() -> None:
     table = snap.tables[st.vip_id]
     assert len(table) == 1009
     assert set(table.counts()) == set(snap.backends)
-    assert table.second is None, "Maglev tables have no second hop"
+    assert table.rest is None, "Maglev tables have no later hops"
     assert snap.vip_addrs == {ip("198.18.100.1"): 1}
 
 
@@ -195,18 +195,18 @@ def beamer_vip(*backends: str | tuple[str, int], **policy: float) -> dict[str, A
     return vip("198.18.100.1", 80, *backends, table="beamer", table_size=4096, beamer=policy)
 
 
-def test_beamer_tables_keep_the_old_first_hop_as_second_hop() -> None:
+def test_beamer_tables_keep_the_old_first_hop_as_previous_hop() -> None:
     cfg = config([beamer_vip("198.18.0.11", "198.18.0.12", min_interval=10, max_step=1.0)])
     ops, snap = converge(cfg, Snapshot())
     key = vip_key(cfg.vips[0])
     assert snap.vips[key].table_kind is abi.TableKind.BEAMER
     table = snap.tables[snap.vips[key].vip_id]
-    assert table.second is None and len(table) == 4096
+    assert table.rest is None and len(table) == 4096
     put = next(o for o in ops if isinstance(o, PutTable))
     assert put.beamer_table is not None
     memory = {put.vip_id: BeamerMemory(put.beamer_table, changed_at=100.0)}
 
-    # Add a backend: its buckets come from the others, which become their second hops.
+    # Add a backend: its buckets come from the others, which become their previous hops.
     cfg2 = config(
         [beamer_vip("198.18.0.11", "198.18.0.12", "198.18.0.13", min_interval=10, max_step=1.0)]
     )
@@ -218,14 +218,15 @@ def test_beamer_tables_keep_the_old_first_hop_as_second_hop() -> None:
     snap2 = apply_to_snapshot(snap, ops2)
     t2 = snap2.tables[snap.vips[key].vip_id]
     moved = t2.first != table.first
-    assert t2.second is not None
+    assert t2.rest is not None and t2.rest.shape == (4096, abi.MAX_HOPS - 1)
     assert (t2.first[moved] == new_be[0].backend_id).all()
-    assert (t2.second[moved] == table.first[moved]).all(), "old owner is the second hop"
-    assert not t2.second[~moved].any()
+    assert (t2.rest[moved, 0] == table.first[moved]).all(), "old owner is the previous hop"
+    assert not t2.rest[moved, 1:].any()
+    assert not t2.rest[~moved].any()
     assert abs(moved.sum() - 4096 / 3) <= 1
 
 
-def test_a_removed_backend_stays_while_it_is_a_second_hop() -> None:
+def test_a_removed_backend_stays_while_it_is_a_previous_hop() -> None:
     three = ("198.18.0.11", "198.18.0.12", "198.18.0.13")
     cfg = config([beamer_vip(*three, min_interval=0, max_step=1.0)])
     _, snap = converge(cfg, Snapshot())
@@ -235,7 +236,7 @@ def test_a_removed_backend_stays_while_it_is_a_second_hop() -> None:
     assert DeleteBackend(gone) not in ops
     assert snap2.backends[gone].active, "it still serves the connections it had"
     table = next(iter(snap2.tables.values()))
-    assert gone not in table.counts() and table.second is not None and gone in table.second
+    assert gone not in table.counts() and table.rest is not None and gone in table.rest
     # Once no table names it (the VIP goes Maglev), it leaves.
     ops3, snap3 = converge(config([vip("198.18.100.1", 80, *three[:2])]), snap2)
     assert DeleteBackend(gone) in ops3 and not snap3.backends[gone].active
