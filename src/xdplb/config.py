@@ -89,6 +89,19 @@ class BeamerConfig(_Model):
     """Largest fraction of the buckets one change may move (small steps to a far target)."""
 
 
+class WeightBounds(_Model):
+    """The range load feedback may move one backend's weight within."""
+
+    min_weight: Annotated[int, Field(ge=0, le=65535)] = 1
+    max_weight: Annotated[int, Field(ge=1, le=65535)] = 65535
+
+    @model_validator(mode="after")
+    def _order(self) -> WeightBounds:
+        if self.min_weight > self.max_weight:
+            raise _FieldError("min_weight", "must not be above max_weight")
+        return self
+
+
 class LoadFeedbackConfig(_Model):
     """Load-aware weights (Bilibili's Nickel): ``xdplb.agent`` on each backend reports CPU
     use and request rate; the weights of VIPs with ``load_feedback: true`` move toward
@@ -110,15 +123,15 @@ class LoadFeedbackConfig(_Model):
     """Reports older than this are ignored; a backend without one keeps its weight."""
     total_weight: Annotated[int, Field(ge=1, le=65535 * 64)] = 1000
     """Sum of the weights handed out per VIP (weights are relative; 1:1 cannot move)."""
-    min_weight: Annotated[int, Field(ge=0, le=65535)] = 1
-    max_weight: Annotated[int, Field(ge=1, le=65535)] = 65535
+    bounds: WeightBounds = Field(default_factory=WeightBounds)
+    """Bounds of every backend not listed in ``backend_bounds``."""
+    backend_bounds: dict[IPAddress, WeightBounds] = Field(default_factory=dict)
+    """Bounds per backend address (e.g. a small machine that must never take much)."""
 
     @model_validator(mode="after")
     def _check(self) -> LoadFeedbackConfig:
         if self.settle >= self.min_interval:
             raise _FieldError("settle", "must be below min_interval")
-        if self.min_weight > self.max_weight:
-            raise _FieldError("min_weight", "must not be above max_weight")
         return self
 
     @property

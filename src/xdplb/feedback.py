@@ -24,7 +24,11 @@ def _controller_config(lf: LoadFeedbackConfig, vip: VipConfig) -> FeedbackConfig
     # Never faster than the VIP's table may change.
     table_interval = vip.beamer.min_interval if vip.table is TableKindName.BEAMER else 0.0
     return FeedbackConfig(
-        default_bounds=Bounds(lf.min_weight, lf.max_weight),
+        bounds={
+            str(addr): Bounds(b.min_weight, b.max_weight)
+            for addr, b in lf.backend_bounds.items()
+        },
+        default_bounds=Bounds(lf.bounds.min_weight, lf.bounds.max_weight),
         gain=lf.gain,
         deadband=lf.deadband,
         min_interval=max(lf.min_interval, table_interval),

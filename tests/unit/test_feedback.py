@@ -10,6 +10,7 @@ import pytest
 
 from xdplb.agent import WireReport, encode_report
 from xdplb.config import Config, parse_config
+from xdplb.errors import ConfigError
 from xdplb.feedback import WeightFeedback
 
 pytestmark = pytest.mark.unit
@@ -67,11 +68,27 @@ def test_reports_move_only_the_vip_that_asked() -> None:
 
 
 def test_a_vip_asking_for_feedback_needs_the_section() -> None:
-    from xdplb.errors import ConfigError
-
     with pytest.raises(ConfigError) as exc:
         parse_config({"vips": [{"address": "198.18.100.1", "load_feedback": True}]})
     assert exc.value.field == "vips[0].load_feedback"
     with pytest.raises(ConfigError) as exc:
         config(settle=5)
     assert exc.value.field == "load_feedback.settle"
+
+
+def test_per_backend_bounds_hold() -> None:
+    cfg = config(backend_bounds={B2: {"min_weight": 1, "max_weight": 550}}, gain=1.0)
+    fb = WeightFeedback(cfg.load_feedback)  # type: ignore[arg-type]
+    try:
+        fb.configure(cfg)
+        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+            for seq in range(1, 6):
+                s.sendto(encode_report(WireReport(B1, 0.95, 10.0, seq)), fb.receiver.address)
+                s.sendto(encode_report(WireReport(B2, 0.05, 10.0, seq)), fb.receiver.address)
+        assert fb.step(now=100.0)
+        assert weights(fb.effective(cfg))[0][B2] <= 550
+    finally:
+        fb.close()
+    with pytest.raises(ConfigError) as exc:
+        config(backend_bounds={B2: {"min_weight": 9, "max_weight": 5}})
+    assert exc.value.field == f"load_feedback.backend_bounds.{B2}.min_weight"
