@@ -18,7 +18,7 @@ runner = CliRunner()
 def test_validate_accepts_the_example() -> None:
     result = runner.invoke(app, ["validate", "-c", str(EXAMPLE)])
     assert result.exit_code == EXIT_OK, result.output
-    assert "ok (3 VIPs, 6 backends)" in result.output
+    assert "ok (4 VIPs, 6 backends)" in result.output
 
 
 def test_validate_names_the_field(tmp_path: Path) -> None:
