@@ -57,7 +57,7 @@ struct xdplb_vip_key {
 
 /* lb_vips value. */
 struct xdplb_vip_info {
-	__u32 vip_id;		/* index into lb_tables and lb_vip_stats */
+	__u32 vip_id;		/* index into lb_tables / lb_btables and lb_vip_stats */
 	__u32 flags;		/* XDPLB_VIP_F_* */
 	__u32 table_size;	/* number of buckets of this VIP's table */
 	__u8 encap;		/* enum xdplb_encap */
@@ -113,10 +113,10 @@ struct xdplb_conn_set {
 };
 
 /*
- * One bucket of a lookup table (inner map of lb_tables).  hop[0] is the first
- * hop (where new flows go); Beamer tables put the bucket's most recent
- * distinct previous first hops in hop[1..], most recent first, 0 = none.
- * Maglev tables leave hop[1..] 0.
+ * One bucket of a Beamer lookup table (inner map of lb_btables).  hop[0] is
+ * the first hop (where new flows go); hop[1..] the bucket's most recent
+ * distinct previous first hops, most recent first, 0 = none.  A Maglev
+ * bucket (inner map of lb_tables) is a bare __u32 backend id.
  */
 struct xdplb_bucket {
 	__u32 hop[XDPLB_MAX_HOPS];	/* backend ids */

@@ -32,7 +32,7 @@ struct {
 
 /*
  * BTF anchor for struct xdplb_bucket: the program only reaches it through
- * lb_tables' inner template, where clang 14 emits a bare FWD, so without this
+ * lb_btables' inner template, where clang 14 emits a bare FWD, so without this
  * the object would not describe the layout tests/bpf/test_abi.py checks.
  * libbpf skips unknown data sections: nothing is loaded for it.
  */
@@ -48,13 +48,31 @@ struct {
 } lb_backends SEC(".maps");
 
 /*
- * VIP id -> its lookup table; a table is replaced as a whole, never
- * rewritten in place.  The inner template has BPF_F_INNER_MAP so each VIP's
- * table may have its own (prime) size; the kernel then compares type, flags,
- * key and value size only, so user space must create inner tables with
- * BPF_F_INNER_MAP as well.  Sizes, not __type(): clang 14 emits only a FWD
- * for a struct named inside __array(values, ...), and libbpf refuses that.
+ * VIP id -> its lookup table, one outer map per table kind: lb_tables for
+ * Maglev (a bucket is one backend id) and lb_btables for Beamer (a bucket is
+ * a struct xdplb_bucket of XDPLB_MAX_HOPS ids); vip ids are unique across
+ * both.  A VIP's table_kind says which map holds its table.  A table is
+ * replaced as a whole, never rewritten in place.  The inner templates have
+ * BPF_F_INNER_MAP so each VIP's table may have its own (prime) size; the
+ * kernel then compares type, flags, key and value size only, so user space
+ * must create inner tables with BPF_F_INNER_MAP as well.  Sizes, not
+ * __type(): clang 14 emits only a FWD for a struct named inside
+ * __array(values, ...), and libbpf refuses that.
  */
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY_OF_MAPS);
+	__uint(max_entries, XDPLB_MAX_VIPS);
+	__type(key, __u32);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+	__array(values, struct {
+		__uint(type, BPF_MAP_TYPE_ARRAY);
+		__uint(max_entries, XDPLB_DEFAULT_TABLE);
+		__uint(map_flags, BPF_F_INNER_MAP);
+		__uint(key_size, sizeof(__u32));
+		__uint(value_size, sizeof(__u32));	/* backend id */
+	});
+} lb_tables SEC(".maps");
+
 struct {
 	__uint(type, BPF_MAP_TYPE_ARRAY_OF_MAPS);
 	__uint(max_entries, XDPLB_MAX_VIPS);
@@ -67,7 +85,7 @@ struct {
 		__uint(key_size, sizeof(__u32));
 		__uint(value_size, sizeof(struct xdplb_bucket));
 	});
-} lb_tables SEC(".maps");
+} lb_btables SEC(".maps");
 
 /*
  * 5-tuple -> backend: a set-associative cache (struct xdplb_conn_set,

@@ -164,22 +164,34 @@ static __always_inline int lb_table_lookup(const struct lb_pkt *pkt,
 					   const struct xdplb_config *cfg, __u32 fhash,
 					   struct lb_target *tgt)
 {
-	const struct xdplb_bucket *bucket;
+	const struct xdplb_bucket *bucket = NULL;
+	const __u32 *first;
 	__u32 vip_id = vip->vip_id;
 	__u32 size = vip->table_size;
 	__u32 idx;
 	void *table;
 
 	tgt->hash = lb_flow_hash(pkt, vip, cfg->hash_seed, fhash);
-	table = bpf_map_lookup_elem(&lb_tables, &vip_id);
-	/* A zero size would make '%' keep the hash (BPF's x % 0 == x): no table either. */
+	/* BPF's x % 0 == x: a zero size counts as no table (below), idx unused. */
+	idx = tgt->hash % size;
+	/*
+	 * The table is in the outer map of the VIP's kind: lb_btables holds
+	 * Beamer buckets (XDPLB_MAX_HOPS ids), lb_tables Maglev ones (one id:
+	 * a quarter of the footprint for the one random read a new flow makes).
+	 */
+	if (vip->table_kind == XDPLB_TABLE_BEAMER) {
+		table = bpf_map_lookup_elem(&lb_btables, &vip_id);
+		bucket = table && size ? bpf_map_lookup_elem(table, &idx) : NULL;
+		first = bucket ? &bucket->hop[0] : NULL;
+	} else {
+		table = bpf_map_lookup_elem(&lb_tables, &vip_id);
+		first = table && size ? bpf_map_lookup_elem(table, &idx) : NULL;
+	}
 	if (!table || !size)
 		return lb_drop(XDPLB_DROP_NO_TABLE);
-	idx = tgt->hash % size;
-	bucket = bpf_map_lookup_elem(table, &idx);
-	if (!bucket)
+	if (!first)
 		return lb_drop(XDPLB_DROP_NO_BACKEND);
-	tgt->be_id = bucket->hop[0];
+	tgt->be_id = *first;
 	tgt->be = lb_backend(tgt->be_id);
 	if (!tgt->be)
 		return lb_drop(XDPLB_DROP_NO_BACKEND);
@@ -191,7 +203,7 @@ static __always_inline int lb_table_lookup(const struct lb_pkt *pkt,
 	 * family) are left out and the rest packed, with constant indexes only:
 	 * the verifier does not allow pointers spilled at a variable offset.
 	 */
-	if (vip->table_kind == XDPLB_TABLE_BEAMER) {
+	if (bucket) {
 		__u8 family = tgt->be->family;
 		const struct xdplb_backend *h1 = lb_later_hop(bucket->hop[1], family);
 		const struct xdplb_backend *h2 = lb_later_hop(bucket->hop[2], family);

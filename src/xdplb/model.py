@@ -147,7 +147,8 @@ class DataplaneState:
     vips: Mapping[Vip, VipParams]
     #: ``lb_backends``: id -> slot; ids absent here are empty (all-zero) slots.
     backends: Mapping[int, BackendState]
-    #: ``lb_tables``: vip id -> inner table; a VIP without one drops ``NO_TABLE``.
+    #: ``lb_tables`` and ``lb_btables`` (by the VIP's kind): vip id -> inner table; a VIP
+    #: without one drops ``NO_TABLE``.
     tables: Mapping[int, LookupTable]
     #: ``lb_config[0]``.
     config: LbConfig

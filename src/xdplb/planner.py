@@ -49,10 +49,12 @@ class PutBackend:
 
 @dataclass(frozen=True, eq=True)
 class PutTable:
-    """Fill a new inner map and swap it in at ``vip_id`` (never an in-place rewrite)."""
+    """Fill a new inner map and swap it in at ``vip_id`` (never an in-place rewrite), in
+    the outer map of ``kind``: ``lb_tables`` (Maglev) or ``lb_btables`` (Beamer)."""
 
     vip_id: int
     table: LookupTable
+    kind: abi.TableKind
     #: The Beamer table behind ``table``, for the caller's :class:`BeamerMemory`.
     beamer_table: beamer.BeamerTable | None = field(default=None, compare=False)
 
@@ -81,6 +83,9 @@ class DeleteVipAddr:
 
 @dataclass(frozen=True)
 class DeleteTable:
+    """Remove ``vip_id``'s table from whichever outer map holds it (both are cleared: a
+    snapshot does not say which, and a table no VIP names has no kind to ask)."""
+
     vip_id: int
 
 
@@ -226,11 +231,11 @@ def plan(
             else:
                 table = None
             if bt is not None and table != cur:
-                ops_put.append(PutTable(vip_id, bt.to_lookup_table(), beamer_table=bt))
+                ops_put.append(PutTable(vip_id, bt.to_lookup_table(), kind, beamer_table=bt))
         else:
             table = build_table(weights, ids, size)
             if table is not None and cur != table:
-                ops_put.append(PutTable(vip_id, table))
+                ops_put.append(PutTable(vip_id, table, kind))
         if table is not None:
             live_tables[vip_id] = table
         if old != params:
@@ -290,7 +295,7 @@ def apply_to_snapshot(snap: Snapshot, ops: Iterable[Op]) -> Snapshot:
                 out.config = config
             case PutBackend(bid, backend):
                 out.backends[bid] = backend
-            case PutTable(vip_id, table, _):
+            case PutTable(vip_id, table):
                 out.tables[vip_id] = table
             case PutVipAddr(addr, n):
                 out.vip_addrs[addr] = n

@@ -42,7 +42,7 @@ class Vip:
 class VipParams:
     """An ``lb_vips`` value (``struct xdplb_vip_info``)."""
 
-    #: Index into ``lb_tables`` and ``lb_vip_stats``.
+    #: Index into ``lb_tables`` (Maglev) or ``lb_btables`` (Beamer), and ``lb_vip_stats``.
     vip_id: int
     #: ``abi.VIP_F_*``; ``VIP_F_SRC_HASH`` hashes the source address only.
     flags: int = 0
@@ -87,8 +87,11 @@ class BackendState:
 
 @dataclass(frozen=True, eq=False)
 class LookupTable:
-    """A VIP's inner table of ``lb_tables``: bucket i holds the hops
-    ``(first[i], *rest[i])`` (``struct xdplb_bucket``, ``abi.MAX_HOPS`` backend ids).
+    """A VIP's lookup table: bucket i holds the hops ``(first[i], *rest[i])``.
+
+    In the maps a Maglev table is an inner map of ``lb_tables`` holding ``first`` only
+    (``__u32`` per bucket, :meth:`first_hops`), a Beamer table an inner map of
+    ``lb_btables`` (``struct xdplb_bucket``, ``abi.MAX_HOPS`` ids, :meth:`buckets`).
 
     ``first`` is where new flows go.  ``rest`` (shape ``(B, MAX_HOPS - 1)``) holds the
     later hops of a Beamer table -- the bucket's previous first hops, most recent first
@@ -163,13 +166,34 @@ class LookupTable:
         ids, counts = np.unique(self.first, return_counts=True)
         return {int(i): int(c) for i, c in zip(ids, counts, strict=True)}
 
+    def first_hops(self) -> bytes:
+        """A Maglev inner map's contents (``lb_tables``): ``__u32[]`` of first hops.
+
+        A Maglev table has no later hops (:meth:`contents` refuses one that has)."""
+        return self.first.astype("<u4", copy=False).tobytes()
+
     def buckets(self) -> bytes:
-        """The inner map's contents as ``struct xdplb_bucket[]`` (one batch update)."""
+        """A Beamer inner map's contents (``lb_btables``) as ``struct xdplb_bucket[]``."""
         out = np.zeros((len(self), abi.MAX_HOPS), dtype="<u4")
         out[:, 0] = self.first
         if self.rest is not None:
             out[:, 1:] = self.rest
         return out.tobytes()
+
+    def contents(self, kind: abi.TableKind) -> bytes:
+        """The inner map's contents for a table of ``kind`` (one batch update)."""
+        if kind is abi.TableKind.BEAMER:
+            return self.buckets()
+        if self.rest is not None:
+            raise ValueError("a Maglev table has no later hops")
+        return self.first_hops()
+
+    @classmethod
+    def from_contents(cls, kind: abi.TableKind, raw: bytes) -> LookupTable:
+        """From an inner map's contents, as :meth:`contents` writes them."""
+        if kind is abi.TableKind.BEAMER:
+            return cls.from_buckets(np.frombuffer(raw, dtype="<u4").reshape(-1, abi.MAX_HOPS))
+        return cls(np.frombuffer(raw, dtype="<u4"))
 
 
 @dataclass(frozen=True)
@@ -220,7 +244,8 @@ class Snapshot:
     vips: dict[Vip, VipParams] = field(default_factory=dict)
     #: ``lb_backends``: id -> slot; slots never used are absent.
     backends: dict[int, BackendState] = field(default_factory=dict)
-    #: ``lb_tables``: vip id -> inner table.
+    #: ``lb_tables`` and ``lb_btables`` together: vip id -> inner table (vip ids are
+    #: unique across both; the VIP's ``table_kind`` says which map holds it).
     tables: dict[int, LookupTable] = field(default_factory=dict)
     #: ``lb_vip_addrs``: address -> number of VIPs on it.
     vip_addrs: dict[IPAddress, int] = field(default_factory=dict)

@@ -20,9 +20,12 @@ import numpy as np
 from xdplb import abi
 from xdplb.datapath import BPF_F_INNER_MAP, BpfObject, Map, MapType, TestRunResult
 from xdplb.datapath.conns import ConnTable
-from xdplb.model import ConnEntry
+from xdplb.datapath.lb import TABLE_MAPS
+from xdplb.model import ConnEntry, LookupTable
 
 CLONE_NEWNET = 0x40000000
+#: A table as the harness installed it: first hops, later hops, kind.
+_TableDef = tuple[tuple[int, ...], tuple[tuple[int, ...], ...], abi.TableKind]
 _libc = ctypes.CDLL(None, use_errno=True)
 serial = itertools.count()
 
@@ -131,8 +134,8 @@ class Lb:
         self.ns = ns
         self.env = fx.Env(lb_mac=ns.lb_mac)
         self.prog = obj.program("lb_xdp")
-        #: vip id -> (first hops, later hops) of the table installed now.
-        self._tables: dict[int, tuple[tuple[int, ...], tuple[tuple[int, ...], ...]]] = {}
+        #: vip id -> (first hops, later hops, kind) of the table installed now.
+        self._tables: dict[int, _TableDef] = {}
 
     # -- configuration -------------------------------------------------------------------
 
@@ -143,12 +146,11 @@ class Lb:
             for key in list(m.keys()):
                 m.delete(key)
         ConnTable(self.obj.map("lb_conns")).flush()
-        # Every lb_tables write waits for an RCU grace period (map-in-map): rewrite only
-        # the tables a test changed.
-        wanted = {v.id: (v.backends, v.rest) for v in fx.VIPS.values() if v.backends}
+        # Every lb_tables / lb_btables write waits for an RCU grace period (map-in-map):
+        # rewrite only the tables a test changed.
+        wanted = {v.id for v in fx.VIPS.values() if v.backends}
         for vip_id in [i for i in self._tables if i not in wanted]:
-            self.obj.map("lb_tables").delete(_u32(vip_id))
-            del self._tables[vip_id]
+            self.obj.map(TABLE_MAPS[self._tables.pop(vip_id)[2]]).delete(_u32(vip_id))
         self.set_config()
         for be in fx.BACKENDS.values():
             self.set_backend(be.id, active=be.active)
@@ -180,30 +182,45 @@ class Lb:
         )
         key = abi.VipKey.make(vip.addr, vip.port, vip.proto)
         self.obj.map("lb_vips").update(key.pack(), info.pack())
-        if vip.backends is not None and self._tables.get(vip.id) != (vip.backends, vip.rest):
-            self.set_table(vip.id, vip.backends, vip.rest)
+        if vip.backends is not None and self._tables.get(vip.id) != (
+            vip.backends,
+            vip.rest,
+            vip.table_kind,
+        ):
+            self.set_table(vip.id, vip.backends, vip.rest, kind=vip.table_kind)
 
     def set_table(
-        self, vip_id: int, first: Iterable[int], rest: Iterable[tuple[int, ...]] = ()
+        self,
+        vip_id: int,
+        first: Iterable[int],
+        rest: Iterable[tuple[int, ...]] = (),
+        *,
+        kind: abi.TableKind = abi.TableKind.MAGLEV,
     ) -> None:
-        """A fresh inner table (bucket i -> first[i % n], then rest[i % m]), swapped in."""
+        """A fresh inner table (bucket i -> first[i % n], then rest[i % m]), swapped into
+        the outer map of ``kind`` (a Maglev table has no later hops)."""
         first, rest = tuple(first), tuple(tuple(r) for r in rest)
-        self._tables[vip_id] = (first, rest)
-        buckets = np.zeros((fx.TABLE_SIZE, abi.MAX_HOPS), dtype=np.uint32)
-        buckets[:, 0] = [first[i % len(first)] for i in range(fx.TABLE_SIZE)]
+        old = self._tables.get(vip_id)
+        if old is not None and old[2] != kind:
+            self.obj.map(TABLE_MAPS[old[2]]).delete(_u32(vip_id))
+        self._tables[vip_id] = (first, rest, kind)
+        hops = np.zeros((fx.TABLE_SIZE, abi.MAX_HOPS), dtype=np.uint32)
+        hops[:, 0] = [first[i % len(first)] for i in range(fx.TABLE_SIZE)]
         for i in range(fx.TABLE_SIZE) if rest else ():
             later = rest[i % len(rest)]
-            buckets[i, 1 : 1 + len(later)] = later
+            hops[i, 1 : 1 + len(later)] = later
+        table = LookupTable.from_buckets(hops)
+        beamer = kind is abi.TableKind.BEAMER
         with Map.create(
             MapType.ARRAY,
             4,
-            ctypes.sizeof(abi.Bucket),
+            ctypes.sizeof(abi.Bucket) if beamer else 4,
             fx.TABLE_SIZE,
             name=f"lbt_tbl_{vip_id}",
             flags=BPF_F_INNER_MAP,
         ) as inner:
-            inner.update_array(buckets)
-            self.obj.map("lb_tables").update(_u32(vip_id), _u32(inner.fd))
+            inner.update_array(table.contents(kind))
+            self.obj.map(TABLE_MAPS[kind]).update(_u32(vip_id), _u32(inner.fd))
 
     # -- running and reading -------------------------------------------------------------
 

@@ -31,6 +31,7 @@ import pytest
 from xdplb import abi, model
 from xdplb.datapath import BPF_F_INNER_MAP, BpfObject, Map, MapType
 from xdplb.datapath.conns import ConnTable
+from xdplb.datapath.lb import TABLE_MAPS
 from xdplb.datapath.testrun import TestRunResult
 
 pytestmark = [
@@ -118,30 +119,37 @@ class ModelLb:
             slots[bid * 20 : bid * 20 + 20] = be.abi_value().pack()
         obj.map("lb_backends").update_array(bytes(slots))
         obj.map("lb_config").update(struct.pack("<I", 0), state.config.abi_value().pack())
-        tables = obj.map("lb_tables")
-        for vid in range(abi.MAX_VIPS):
-            tables.delete(struct.pack("<I", vid))
+        for name in TABLE_MAPS.values():
+            tables = obj.map(name)
+            for vid in range(abi.MAX_VIPS):
+                tables.delete(struct.pack("<I", vid))
         for inner in self.inner_maps:
             inner.close()
         self.inner_maps = []
+        # Each table goes to the outer map of the kind of the VIP that names it.
+        kinds = {p.vip_id: p.table_kind for p in state.vips.values()}
         for vid, table in state.tables.items():
-            self.set_table(vid, table)
+            self.set_table(vid, table, kinds.get(vid, abi.TableKind.MAGLEV))
         conns = ConnTable(obj.map("lb_conns"))
         for key, entry in state.conns.items():
             conns.put(key, entry.backend_id, entry.hash, state.config.seed)
 
-    def set_table(self, vip_id: int, table: model.LookupTable) -> None:
-        """A new inner map, filled, then swapped into lb_tables in one update."""
+    def set_table(self, vip_id: int, table: model.LookupTable, kind: abi.TableKind) -> None:
+        """A new inner map, filled, then swapped into lb_tables (Maglev) or lb_btables
+        (Beamer) in one update."""
+        beamer = kind is abi.TableKind.BEAMER
         inner = Map.create(
             MapType.ARRAY,
             4,
-            ctypes.sizeof(abi.Bucket),
+            ctypes.sizeof(abi.Bucket) if beamer else 4,
             len(table),
             name=f"mt{vip_id}",
             flags=BPF_F_INNER_MAP,
         )
-        inner.update_array(table.buckets())
-        self.obj.map("lb_tables").update(struct.pack("<I", vip_id), struct.pack("<I", inner.fd))
+        inner.update_array(table.contents(kind))
+        self.obj.map(TABLE_MAPS[kind]).update(
+            struct.pack("<I", vip_id), struct.pack("<I", inner.fd)
+        )
         self.inner_maps.append(inner)
 
     def counters(self, name: str, n: int) -> np.ndarray:
@@ -502,7 +510,7 @@ def test_deactivated_backend_makes_entries_stale(
     tables[1] = model.LookupTable(maglev_ids([1, 3], 65537, [1, 3]))
     state2 = replace(state, backends=backends, tables=tables, conns=conns)
     mlb.obj.map("lb_backends").update(struct.pack("<I", 2), backends[2].abi_value().pack())
-    mlb.set_table(1, tables[1])
+    mlb.set_table(1, tables[1], abi.TableKind.MAGLEV)
     ev0, dr0 = (
         mlb.counters("lb_events", len(abi.Event)),
         mlb.counters("lb_drops", len(abi.DropReason)),

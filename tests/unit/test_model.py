@@ -628,6 +628,26 @@ def test_lookup_table_buckets_layout() -> None:
         m.LookupTable(np.array([1]), np.array([[1, 2, 3, 4]]))
 
 
+def test_lookup_table_contents_per_kind() -> None:
+    maglev = m.LookupTable(np.array([1, 2, 3], dtype=np.uint32))
+    beamer = m.LookupTable(np.array([1, 2], dtype=np.uint32), np.array([0, 3], dtype=np.uint32))
+    # Maglev (lb_tables): one __u32 per bucket; Beamer (lb_btables): struct xdplb_bucket.
+    assert maglev.first_hops() == struct.pack("<3I", 1, 2, 3)
+    assert maglev.contents(abi.TableKind.MAGLEV) == maglev.first_hops()
+    assert beamer.contents(abi.TableKind.BEAMER) == beamer.buckets()
+    assert maglev.contents(abi.TableKind.BEAMER) == struct.pack(
+        "<12I", 1, 0, 0, 0, 2, 0, 0, 0, 3, 0, 0, 0
+    )
+    for t, kind in (
+        (maglev, abi.TableKind.MAGLEV),
+        (maglev, abi.TableKind.BEAMER),
+        (beamer, abi.TableKind.BEAMER),
+    ):
+        assert m.LookupTable.from_contents(kind, t.contents(kind)) == t
+    with pytest.raises(ValueError, match="no later hops"):
+        beamer.contents(abi.TableKind.MAGLEV)
+
+
 def test_predict_backend_matches_decide() -> None:
     for f in [flow(), flow(VIP6, 443), flow(dport=9, proto=UDP), flow(OTHER4), flow(VIP4_NOTABLE)]:
         d = m.decide(S, m.frame(f))

@@ -78,6 +78,8 @@ def test_first_plan_builds_everything() -> None:
     ops, snap = converge(cfg, Snapshot())
     kinds = [type(o) for o in ops]
     assert kinds == [SetConfig, PutBackend, PutBackend, PutTable, PutVip, PutVipAddr]
+    put = next(o for o in ops if isinstance(o, PutTable))
+    assert put.kind is abi.TableKind.MAGLEV, "a Maglev table goes to lb_tables"
     assert {b.addr for b in snap.backends.values()} == {ip("198.18.0.11"), ip("198.18.0.12")}
     assert 0 not in snap.backends, "backend id 0 means 'none' and is never allocated"
     st = snap.vips[Vip(ip("198.18.100.1"), 80, abi.IPPROTO_TCP)]
@@ -204,6 +206,7 @@ def test_beamer_tables_keep_the_old_first_hop_as_previous_hop() -> None:
     assert table.rest is None and len(table) == 4096
     put = next(o for o in ops if isinstance(o, PutTable))
     assert put.beamer_table is not None
+    assert put.kind is abi.TableKind.BEAMER, "a Beamer table goes to lb_btables"
     memory = {put.vip_id: BeamerMemory(put.beamer_table, changed_at=100.0)}
 
     # Add a backend: its buckets come from the others, which become their previous hops.

@@ -17,8 +17,6 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
-import numpy as np
-
 from xdplb import abi, paths
 from xdplb.datapath.conns import ConnTable
 from xdplb.datapath.links import Link, XdpMode, attach_xdp
@@ -46,6 +44,7 @@ MAP_NAMES = (
     "lb_vip_addrs",
     "lb_backends",
     "lb_tables",
+    "lb_btables",
     "lb_conns",
     "lb_config",
     "lb_vip_stats",
@@ -54,6 +53,8 @@ MAP_NAMES = (
     "lb_events",
 )
 _U32 = struct.Struct("<I")
+#: The outer map of each table kind (docs/datapath.md): vip ids are unique across both.
+TABLE_MAPS = {abi.TableKind.MAGLEV: "lb_tables", abi.TableKind.BEAMER: "lb_btables"}
 
 
 def _u32(i: int) -> bytes:
@@ -116,11 +117,12 @@ class LbMaps:
             be = abi.Backend.from_buffer_copy(raw, bid * size)
             if be.family:  # a slot ever used
                 snap.backends[bid] = BackendState.from_abi(be)
-        for k in list(self["lb_tables"].keys()):
-            vip_id = _U32.unpack(k)[0]
-            table = self.table(vip_id)
-            if table is not None:
-                snap.tables[vip_id] = table
+        for kind, name in TABLE_MAPS.items():
+            for k in list(self[name].keys()):
+                vip_id = _U32.unpack(k)[0]
+                table = self._table(kind, vip_id)
+                if table is not None:
+                    snap.tables[vip_id] = table
         for k, v in self["lb_vip_addrs"].items():
             a = abi.Addr.from_buffer_copy(k)
             snap.vip_addrs[abi.words_addr(a.addr, a.family)] = _U32.unpack(v)[0]
@@ -130,14 +132,20 @@ class LbMaps:
         return snap
 
     def table(self, vip_id: int) -> LookupTable | None:
-        """A VIP's lookup table as it is in the map, or None."""
-        raw = self["lb_tables"].lookup(_u32(vip_id))
+        """A VIP's lookup table as it is in the maps (``lb_tables`` or ``lb_btables``),
+        or None."""
+        for kind in TABLE_MAPS:
+            table = self._table(kind, vip_id)
+            if table is not None:
+                return table
+        return None
+
+    def _table(self, kind: abi.TableKind, vip_id: int) -> LookupTable | None:
+        raw = self[TABLE_MAPS[kind]].lookup(_u32(vip_id))
         if raw is None:
             return None
         with Map.from_id(_U32.unpack(raw)[0]) as inner:
-            values = inner.lookup_array()
-        buckets = np.frombuffer(values, dtype=np.uint32).reshape(-1, abi.MAX_HOPS)
-        return LookupTable.from_buckets(buckets)
+            return LookupTable.from_contents(kind, inner.lookup_array())
 
     def counters(self) -> Counters:
         def total(m: Map, idx: int, ctype: type[abi.Stats]) -> abi.Stats:
@@ -184,22 +192,26 @@ class LbMaps:
                     be = abi.Backend.from_buffer_copy(raw)
                     be.flags &= ~abi.BACKEND_F_ACTIVE
                     self["lb_backends"].update(_u32(bid), be.pack())
-            case PutTable(vip_id, table):
+            case PutTable(vip_id, table, kind):
                 # A new inner map, filled, then swapped in with one update: lb_xdp sees the
                 # old table or the new one, never a half-written one.
                 # BPF_F_INNER_MAP on both sides: the kernel compares flags with the template.
+                beamer = kind is abi.TableKind.BEAMER
                 with Map.create(
                     MapType.ARRAY,
                     4,
-                    ctypes.sizeof(abi.Bucket),
+                    ctypes.sizeof(abi.Bucket) if beamer else 4,
                     len(table),
-                    name=f"lb_tbl_{vip_id}",
+                    name=f"lb_{'b' if beamer else ''}tbl_{vip_id}",
                     flags=BPF_F_INNER_MAP,
                 ) as inner:
-                    inner.update_array(table.buckets())
-                    self["lb_tables"].update(_u32(vip_id), _u32(inner.fd))
+                    inner.update_array(table.contents(kind))
+                    self[TABLE_MAPS[kind]].update(_u32(vip_id), _u32(inner.fd))
             case DeleteTable(vip_id):
-                self["lb_tables"].delete(_u32(vip_id))
+                # Both maps: the op does not say which holds it (deleting a missing key is
+                # a no-op), and a table no VIP names any more has no kind to go by.
+                for name in TABLE_MAPS.values():
+                    self[name].delete(_u32(vip_id))
             case PutVipAddr(addr, n):
                 self["lb_vip_addrs"].update(abi.Addr.make(addr).pack(), _u32(n))
             case DeleteVipAddr(addr):
