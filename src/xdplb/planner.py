@@ -17,7 +17,7 @@ and new table appear in one ``lb_vips`` update instead of two racing ones.
 
 Beamer tables have a history: each plan moves a table one policy step (after its
 minimum interval) from the table the maps hold, and a backend stays in ``lb_backends``
-while any table names it, as a second hop serving the connections it still has.
+while any table names it, as a later hop serving the connections it still has.
 """
 
 from __future__ import annotations
