@@ -25,8 +25,7 @@ def _controller_config(lf: LoadFeedbackConfig, vip: VipConfig) -> FeedbackConfig
     table_interval = vip.beamer.min_interval if vip.table is TableKindName.BEAMER else 0.0
     return FeedbackConfig(
         bounds={
-            str(addr): Bounds(b.min_weight, b.max_weight)
-            for addr, b in lf.backend_bounds.items()
+            str(addr): Bounds(b.min_weight, b.max_weight) for addr, b in lf.backend_bounds.items()
         },
         default_bounds=Bounds(lf.bounds.min_weight, lf.bounds.max_weight),
         gain=lf.gain,
