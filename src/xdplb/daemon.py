@@ -76,19 +76,20 @@ class Daemon:
             return 0.0
 
     def _follow_feedback(self, cfg: Config) -> None:
-        if cfg.load_feedback is None:
+        """Start, reconfigure or stop load feedback as ``cfg`` says."""
+        lf = cfg.load_feedback
+        if lf is None:
             if self.feedback is not None:
                 self.feedback.close()
                 self.feedback = None
             return
         try:
-            if self.feedback is None and cfg.load_feedback is not None:
-                self.feedback = WeightFeedback(cfg.load_feedback)
-            if self.feedback is not None:
-                self.feedback.configure(cfg)
+            if self.feedback is None:
+                self.feedback = WeightFeedback(lf)
+            self.feedback.configure(cfg)
         except OSError as e:
-            # The balancer serves on with the configured weights; the error says why.
-            log.error("load feedback off: cannot listen on %s: %s", cfg.load_feedback.listen, e)
+            # The balancer serves on with the configured weights; the log says why.
+            log.error("load feedback off: cannot listen on %s: %s", lf.listen, e)
             if self.feedback is not None:
                 self.feedback.close()
             self.feedback = None
