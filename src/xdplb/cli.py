@@ -13,6 +13,7 @@ import json
 import logging
 import os
 import signal
+import socket
 import sys
 import time
 from pathlib import Path
@@ -239,6 +240,95 @@ def status(
     for k, n in data["drops"].items():
         ct.add_row(f"drop: {k}", str(n), style="red" if n else None)
     console.print(ct)
+
+
+host_app = typer.Typer(no_args_is_help=True, help="host_tc on a backend host.")
+app.add_typer(host_app, name="host")
+HostInstance = Annotated[
+    str, typer.Option("--instance", "-i", help="pins under /sys/fs/bpf/xdplb/")
+]
+
+
+@host_app.command("attach")
+def host_attach(
+    dev: Annotated[str, typer.Option(help="interface the tunnels arrive on")],
+    addr: Annotated[list[str], typer.Option(help="an address of this host that tunnels target")],
+    gue_port: Annotated[int, typer.Option(min=1, max=65535)] = abi.GUE_PORT,
+    instance: HostInstance = "host",
+) -> None:
+    """Load host_tc, attach it at TC ingress of DEV and configure it; it stays attached
+    after the command exits (run again to change addresses or upgrade in place)."""
+    import ipaddress
+
+    from xdplb.datapath.host import HostDatapath
+
+    try:
+        addrs = [ipaddress.ip_address(a) for a in addr]
+    except ValueError as e:
+        err.print(f"[red]invalid[/red] --addr: {e}")
+        raise typer.Exit(EXIT_CONFIG) from None
+    try:
+        ifindex = socket.if_nametoindex(dev)
+    except OSError:
+        err.print(f"[red]invalid[/red] --dev: no interface {dev!r}")
+        raise typer.Exit(EXIT_CONFIG) from None
+    try:
+        dp = HostDatapath(instance)
+        try:
+            dp.configure(addrs, gue_port)
+            dp.attach(ifindex)
+        finally:
+            dp.close()
+    except XdplbError as e:
+        err.print(f"[red]failed[/red]: {e}")
+        raise typer.Exit(EXIT_RUNTIME) from None
+    console.print(f"host_tc attached to {dev} for {', '.join(map(str, addrs))} (GUE {gue_port})")
+
+
+@host_app.command("detach")
+def host_detach(
+    dev: Annotated[str, typer.Option(help="interface host_tc is attached to")],
+    instance: HostInstance = "host",
+) -> None:
+    """Take host_tc off DEV and remove the instance's pins."""
+    from xdplb.datapath.host import detach
+
+    if not paths.pin_root(instance).exists():
+        err.print(f"host instance {instance} is not attached")
+        raise typer.Exit(EXIT_NOT_RUNNING)
+    try:
+        detach(instance, socket.if_nametoindex(dev))
+    except OSError:
+        err.print(f"[red]invalid[/red] --dev: no interface {dev!r}")
+        raise typer.Exit(EXIT_CONFIG) from None
+    except XdplbError as e:
+        err.print(f"[red]failed[/red]: {e}")
+        raise typer.Exit(EXIT_RUNTIME) from None
+    console.print(f"host_tc detached from {dev}")
+
+
+@host_app.command("status")
+def host_status(
+    instance: HostInstance = "host",
+    as_json: Annotated[bool, typer.Option("--json")] = False,
+) -> None:
+    """What host_tc did: decapsulations, second-hop forwards, drops."""
+    from xdplb.datapath.host import events_from_pins
+
+    try:
+        events = {e.name.lower(): n for e, n in events_from_pins(instance).items()}
+    except FileNotFoundError as e:
+        err.print(str(e))
+        raise typer.Exit(EXIT_NOT_RUNNING) from None
+    if as_json:
+        sys.stdout.write(json.dumps({"instance": instance, "events": events}, indent=2) + "\n")
+        return
+    t = Table(title=f"host_tc ({instance})")
+    t.add_column("event")
+    t.add_column("packets", justify="right")
+    for name, n in events.items():
+        t.add_row(name, str(n))
+    console.print(t)
 
 
 def main() -> None:

@@ -29,11 +29,11 @@ from scapy.layers.inet6 import IPv6
 from scapy.layers.l2 import ARP, Ether
 from scapy.packet import Packet
 
-from xdplb import abi, paths
+from xdplb import abi
 from xdplb.datapath import Program
+from xdplb.datapath.host import HostDatapath
 from xdplb.datapath.testrun import TestRunResult
 from xdplb.lab import netns
-from xdplb.lab.host import configure_host
 from xdplb.lab.packets import IPPROTO_IPIP, ether, gue_encap, gue_header, ipip_encap
 
 pytestmark = pytest.mark.bpf
@@ -175,17 +175,13 @@ CASES = [
 
 @pytest.fixture(scope="module")
 def host_obj() -> Iterator[object]:
-    path = paths.bpf_object("host_tc")
-    from xdplb.datapath import BpfObject
-
-    root = paths.pin_root(f"test-host-tc-{os.getpid()}")
-    obj = BpfObject.load(path, pin_root=root)
+    dp = HostDatapath(f"test-host-tc-{os.getpid()}")
     try:
-        configure_host(obj, [HOST4, HOST6])
-        yield obj
+        dp.configure([HOST4, HOST6])
+        yield dp.obj
     finally:
-        obj.close()
-        shutil.rmtree(root, ignore_errors=True)
+        dp.close()
+        shutil.rmtree(dp.pin_root, ignore_errors=True)
 
 
 def _events(obj: object) -> dict[abi.HostEvent, int]:

@@ -9,10 +9,13 @@ from __future__ import annotations
 
 import contextlib
 import ipaddress
+import json
 import socket
 import subprocess
+import sys
 import time
 from collections.abc import Iterator
+from typing import Any
 
 import pytest
 from scapy.layers.inet import IP, UDP
@@ -179,3 +182,44 @@ def test_cleanup_stale_removes_dead_instances(lab: Lab) -> None:
         subprocess.run(["ip", "netns", "del", ns], check=False, capture_output=True)
         if pin.exists():
             pin.rmdir()
+
+
+def test_host_commands_attach_count_and_detach(lab_factory: Any) -> None:
+    """`xdplb host attach/status/detach`, run inside a backend's namespace, is all a
+    backend host needs: a GUE packet sent to it is decapsulated and counted."""
+    small = lab_factory(backends=1)
+    instance = f"{small.prefix}-b1"
+    small.pin_root("b1")  # removed at teardown whatever happens
+    cli = [sys.executable, "-m", "xdplb.cli", "host"]
+    b1 = [str(small.addr("b1", 4)), str(small.addr("b1", 6))]
+    small.run(
+        "b1", [*cli, "attach", "--dev", "eth0", "--addr", b1[0], "--addr", b1[1], "-i", instance]
+    )
+    bad = small.run(
+        "b1", [*cli, "attach", "--dev", "eth0", "--addr", "nope", "-i", instance], check=False
+    )
+    assert bad.returncode == 2 and "--addr" in bad.stderr
+
+    inner = IP(src=str(small.addr("client")), dst=str(small.vips[0])) / UDP(sport=1, dport=9)
+    frame = ether(
+        gue_encap(inner, small.addr("client"), small.addr("b1")),
+        src=small.mac("client"),
+        dst=small.mac("b1"),
+    )
+    with small.enter("client"):
+        raw = socket.socket(socket.AF_PACKET, socket.SOCK_RAW)
+    with raw:
+        raw.bind(("eth0", 0))
+        raw.send(frame)
+    deadline = time.monotonic() + 2
+    while True:
+        out = small.run("b1", [*cli, "status", "-i", instance, "--json"]).stdout
+        if json.loads(out)["events"]["decap_gue"] >= 1:
+            break
+        assert time.monotonic() < deadline, out
+        time.sleep(0.05)
+
+    small.run("b1", [*cli, "detach", "--dev", "eth0", "-i", instance])
+    assert not paths.pin_root(instance).exists()
+    gone = small.run("b1", [*cli, "status", "-i", instance], check=False)
+    assert gone.returncode == 3

@@ -1,0 +1,84 @@
+"""host_tc for one backend host: loaded with its maps pinned per instance, attached at TC
+ingress, configured with the host's tunnel addresses.
+
+A TC filter holds its program, and the program its maps, so the attachment outlives the
+process that made it; attaching again swaps the program in place (the filter is
+replaced) and reuses the pinned maps.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import socket
+import struct
+from collections.abc import Iterable
+from pathlib import Path
+
+from xdplb import abi, paths
+from xdplb.datapath.links import tc_attach, tc_detach
+from xdplb.datapath.maps import Map
+from xdplb.datapath.objects import BpfObject
+
+_ZERO = struct.pack("<I", 0)
+_ONE = struct.pack("<I", 1)
+MAP_NAMES = ("host_config", "host_addrs", "host_events")
+
+
+def host_events(maps: dict[str, Map]) -> dict[abi.HostEvent, int]:
+    """host_events summed over CPUs."""
+    events = maps["host_events"]
+    return {
+        ev: sum(struct.unpack("<Q", v[:8])[0] for v in events.lookup_percpu(struct.pack("<I", ev)))
+        for ev in abi.HostEvent
+    }
+
+
+def events_from_pins(instance: str) -> dict[abi.HostEvent, int]:
+    """The counters of a host instance that some other process attached."""
+    path = paths.pin_root(instance) / "host_events"
+    if not path.exists():
+        raise FileNotFoundError(f"{path.parent}: no pinned host_events: is host_tc attached?")
+    with Map.from_pinned(path) as m:
+        return host_events({"host_events": m})
+
+
+class HostDatapath:
+    """host_tc loaded for an instance (pins under /sys/fs/bpf/xdplb/<instance>)."""
+
+    def __init__(self, instance: str, obj_path: Path | None = None) -> None:
+        self.instance = instance
+        self.pin_root = paths.pin_root(instance)
+        self.pin_root.mkdir(parents=True, exist_ok=True)
+        os.chmod(self.pin_root, 0o700)  # pins are root's business only
+        self.obj = BpfObject.load(obj_path or paths.bpf_object("host_tc"), pin_root=self.pin_root)
+        self.maps = {n: self.obj.map(n) for n in MAP_NAMES}
+
+    def configure(self, addrs: Iterable[abi.IPAddress], gue_port: int = abi.GUE_PORT) -> None:
+        """The GUE port, and exactly ``addrs`` as the addresses tunnels may target."""
+        cfg = abi.HostConfig(gue_port=socket.htons(gue_port))
+        self.maps["host_config"].update(_ZERO, cfg.pack())
+        table = self.maps["host_addrs"]
+        wanted = {abi.Addr.make(a).pack() for a in addrs}
+        for key in wanted:
+            table.update(key, _ONE)
+        for key in list(table.keys()):
+            if key not in wanted:
+                table.delete(key)
+
+    def attach(self, ifindex: int) -> None:
+        """Attach at TC ingress of ``ifindex`` (in the calling thread's namespace),
+        replacing whatever host_tc ran there."""
+        tc_attach(self.obj.program("host_tc"), ifindex, ingress=True)
+
+    def events(self) -> dict[abi.HostEvent, int]:
+        return host_events(self.maps)
+
+    def close(self) -> None:
+        self.obj.close()
+
+
+def detach(instance: str, ifindex: int) -> None:
+    """Take host_tc off ``ifindex`` and remove the instance's pins."""
+    tc_detach(ifindex, ingress=True)
+    shutil.rmtree(paths.pin_root(instance), ignore_errors=True)
