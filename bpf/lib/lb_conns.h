@@ -8,15 +8,38 @@
  * LRU within the set: the matching way (an update), else an empty way, else
  * the way of highest rank.
  *
- * Writers (lb_conn_put) hold the set's bpf_spin_lock (no helper calls while
- * it is held) and make seq odd for the time they write, seqcount style.
- * Readers (lb_conn_get) take no lock: they read seq, the ways, then seq
- * again, and a read that saw seq odd or changed is a miss, never a torn
- * entry (the miss path's insert then finds the flow again under the lock).
- * The ordering relies on the compiler barriers below and on x86's ordering
+ * Writers (lb_conn_put) take no lock either: a writer claims the set by
+ * turning seq from even to odd with one compare-and-swap (64 bits wide, on
+ * the word {seq, pad}: clang's default BPF CPU has no 32-bit atomics), writes,
+ * then makes seq even again, seqcount style.  A writer that finds seq odd or
+ * loses the CAS (another CPU is writing the set) skips its insert: inserts are
+ * best effort anyway, and the flow's next packet misses and tries again.
+ * Readers (lb_conn_get) read seq, the ways, then seq again, and a read that
+ * saw seq odd or changed is a miss, never a torn entry (the miss path's insert
+ * then finds the flow again).  The ordering relies on the locked CAS being a
+ * full barrier on x86, on the compiler barriers below and on x86's ordering
  * of loads with loads and stores with stores (the BPF JIT keeps program
  * order; BPF has no fence instruction to do better on weaker machines).
- * User space copies whole sets with BPF_F_LOCK (datapath/conns.py).
+ *
+ * The set's bpf_spin_lock is no longer taken by BPF: it only serializes user
+ * space's BPF_F_LOCK copies (datapath/conns.py) with each other.  Such a copy
+ * is therefore not atomic against lb_xdp's writers: user space validates the
+ * sets it reads by their seq (read again until seq is even and unchanged),
+ * and a user-space write (ConnTable.flush, or put, which is for tests and
+ * tools) can interleave with a BPF writer.  Against one writer that leaves the
+ * way being written with each field either the writer's or the user's value
+ * (a flush: a miss, or the right backend with a zero hash); but a flush zeroes
+ * seq, so a second BPF writer may claim the set while the first is still
+ * writing, and two interleaved inserts could in theory pair one flow's key
+ * and tag with the other's backend.  That needs a flush landing inside a
+ * ~20 ns write window and a second new flow of the same set in that window;
+ * the flow would then go to the other flow's backend.
+ *
+ * Ranks only steer eviction, so a hit refreshes them without claiming the
+ * set: racing with a writer or another hit can lose an update (two ways of
+ * one rank), which makes eviction approximate for a while, never wrong (a
+ * rank stays in 0..WAYS-1, an empty way is still filled first, and an insert
+ * into a full set still evicts a way of the highest rank).
  *
  * Ranks: touching way w with old rank r moves every way ranked below r one
  * down and puts w at 0; a way being filled counts as r = WAYS - 1, so after
@@ -36,6 +59,17 @@
 #define LB_READ_ONCE(x)	(*(volatile typeof(x) *)&(x))
 #define LB_WRITE_ONCE(x, v)	(*(volatile typeof(x) *)&(x) = (v))
 #define LB_NO_WAY	LB_WAYS
+
+_Static_assert(__builtin_offsetof(struct xdplb_conn_set, seq) % 8 == 0 &&
+	       __builtin_offsetof(struct xdplb_conn_set, pad) ==
+	       __builtin_offsetof(struct xdplb_conn_set, seq) + 4,
+	       "seq and pad form the 64-bit word the writers claim");
+
+/* The word a writer claims: seq in its low half (little endian), then pad. */
+static __always_inline __u64 *lb_conn_seqword(struct xdplb_conn_set *s)
+{
+	return (__u64 *)&s->seq;
+}
 
 static __always_inline struct xdplb_conn_set *lb_conn_set(__u32 fhash)
 {
@@ -57,7 +91,7 @@ static __always_inline int lb_conn_key_eq(const struct xdplb_flow_key *a,
 	return d == 0;
 }
 
-/* The way holding this flow, or LB_NO_WAY.  Lock held. */
+/* The way holding this flow, or LB_NO_WAY.  Set claimed (or seq validated after). */
 static __always_inline __u32 lb_conn_find(const struct xdplb_conn_set *s, __u32 fhash,
 					  const struct xdplb_flow_key *key)
 {
@@ -71,7 +105,7 @@ static __always_inline __u32 lb_conn_find(const struct xdplb_conn_set *s, __u32 
 	return LB_NO_WAY;
 }
 
-/* Make way w the most recent; r is its old rank.  Lock held. */
+/* Make way w the most recent; r is its old rank. */
 static __always_inline void lb_conn_touch(struct xdplb_conn_set *s, __u32 w, __u8 r)
 {
 	int i;
@@ -105,13 +139,9 @@ static __always_inline int lb_conn_get(__u32 fhash, const struct xdplb_flow_key 
 	lb_barrier();
 	if (LB_READ_ONCE(s->seq) != seq)
 		return 0;
-	if (s->rank[w]) {
-		/* Not the most recent way: refresh, if it still holds the flow. */
-		bpf_spin_lock(&s->lock);
-		if (s->tag[w] == fhash && s->backend_id[w] == *backend_id)
-			lb_conn_touch(s, w, s->rank[w]);
-		bpf_spin_unlock(&s->lock);
-	}
+	/* Not the most recent way: refresh it, racily (see the top of this file). */
+	if (s->rank[w])
+		lb_conn_touch(s, w, s->rank[w]);
 	return 1;
 }
 
@@ -121,12 +151,19 @@ static __always_inline void lb_conn_put(__u32 fhash, const struct xdplb_flow_key
 {
 	struct xdplb_conn_set *s = lb_conn_set(fhash);
 	__u8 r = LB_WAYS - 1;
+	__u64 *sw, v;
 	__u32 w;
 	int i;
 
 	if (!s)
 		return;
-	bpf_spin_lock(&s->lock);
+	/* Claim the set: seq even -> odd; another writer at work -> skip. */
+	sw = lb_conn_seqword(s);
+	v = LB_READ_ONCE(*sw);
+	if (v & 1)
+		return;
+	if (__sync_val_compare_and_swap(sw, v, v + 1) != v)
+		return;
 	w = lb_conn_find(s, fhash, key);
 	if (w < LB_WAYS) {
 		r = s->rank[w & (LB_WAYS - 1)];
@@ -148,16 +185,14 @@ static __always_inline void lb_conn_put(__u32 fhash, const struct xdplb_flow_key
 		}
 	}
 	w &= LB_WAYS - 1;
-	LB_WRITE_ONCE(s->seq, s->seq + 1);
-	lb_barrier();
 	s->tag[w] = fhash;
 	s->backend_id[w] = backend_id;
 	s->hash[w] = hash;
 	__builtin_memcpy(&s->slot[w].key, key, sizeof(*key));
-	lb_barrier();
-	LB_WRITE_ONCE(s->seq, s->seq + 1);
 	lb_conn_touch(s, w, r);
-	bpf_spin_unlock(&s->lock);
+	/* Release: every store above before seq turns even (x86 keeps store order). */
+	lb_barrier();
+	LB_WRITE_ONCE(*sw, v + 2);
 }
 
 #endif /* XDPLB_LIB_LB_CONNS_H */
