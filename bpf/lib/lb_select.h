@@ -39,7 +39,15 @@ struct {
 	__type(value, struct lb_flood);
 } lb_flood SEC(".maps");
 
-/* Count a new flow; true when this CPU is over its budget for the window. */
+/*
+ * Count a new flow; true when this CPU is over its budget for the window.
+ * The clock is read only when the budget is used up (or the window is fresh,
+ * count 0: at load, or zeroed by user space): a window ends at its first new
+ * flow past the budget that comes LB_FLOOD_WINDOW or more after its start.
+ * So a flood is only declared after more than LB_FLOOD_MAX new flows within
+ * LB_FLOOD_WINDOW, at most LB_FLOOD_MAX are recorded per window, and the
+ * common case (no flood) costs no helper call.
+ */
 static __always_inline int lb_under_flood(void)
 {
 	__u32 zero = 0;
@@ -48,12 +56,17 @@ static __always_inline int lb_under_flood(void)
 
 	if (!fl)
 		return 0;
+	if (!fl->count)
+		fl->start = bpf_ktime_get_coarse_ns();
+	if (++fl->count <= LB_FLOOD_MAX)
+		return 0;
 	now = bpf_ktime_get_coarse_ns();
 	if (now - fl->start >= LB_FLOOD_WINDOW) {
 		fl->start = now;
-		fl->count = 0;
+		fl->count = 1;
+		return 0;
 	}
-	return ++fl->count > LB_FLOOD_MAX;
+	return 1;
 }
 
 #define LB_TCP_SYN	0x02
