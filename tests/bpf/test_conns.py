@@ -8,7 +8,7 @@ import pytest
 from lb_harness import Lb
 
 from xdplb import abi, hashing
-from xdplb.datapath.conns import SETS, ConnTable, set_index
+from xdplb.datapath.conns import SETS, ConnTable, TornRead, set_index
 
 pytestmark = pytest.mark.bpf
 
@@ -58,3 +58,36 @@ def test_conn_table_put_get_flush(lb: Lb) -> None:
     assert 0 <= set_index(keys[0], fx.SEED) < SETS
     assert table.flush() == 10
     assert table.count() == 0
+
+
+def _set_seq(table: ConnTable, idx: int, seq: int) -> None:
+    """Write a set's seq as a writer in the middle of an insert would leave it."""
+    key = idx.to_bytes(4, "little")
+    raw = bytearray(table.map.lookup(key) or b"")
+    off = abi.ConnSet.seq.offset
+    raw[off : off + 4] = seq.to_bytes(4, "little")
+    table.map.update(key, bytes(raw))
+
+
+def test_an_insert_into_a_set_being_written_is_skipped(
+    lb: Lb, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Writers claim a set by making seq odd; another writer then skips its (best-effort)
+    insert, and the flow is still balanced. Once seq is even again, the insert happens."""
+    table = ConnTable(lb.obj.map("lb_conns"))
+    frame = _same_set_frames(lb, 1)[0]
+    src, dst, sport, dport, proto, _ = fx.flow_of(frame)
+    idx = set_index(abi.FlowKey.make(src, dst, sport, dport, proto).pack(), fx.SEED)
+    _set_seq(table, idx, 7)
+    before = lb.counters()
+    assert lb.run(frame).retval == fx.XDP_TX
+    delta = (lb.counters() - before).events
+    assert delta.get(abi.Event.CONN_MISS) == 1 and abi.Event.CONN_HIT not in delta
+    monkeypatch.setattr("xdplb.datapath.conns._READ_TRIES", 3)
+    with pytest.raises(TornRead):
+        table.get(abi.FlowKey.make(src, dst, sport, dport, proto).pack(), fx.SEED)
+    _set_seq(table, idx, 8)
+    assert lb.conn(frame) is None
+    assert lb.run(frame).retval == fx.XDP_TX
+    assert lb.conn(frame) is not None
+    assert int(table.sets()["seq"][idx]) == 10  # claimed (9), then released (10)

@@ -4,13 +4,17 @@ lb_xdp keeps flows in an ARRAY of ``abi.CONN_SETS`` sets (``struct xdplb_conn_se
 set of a flow being ``flow_hash(key, hash_seed) & (CONN_SETS - 1)``, each set holding
 ``abi.CONN_WAYS`` flows with an LRU rank per way (``bpf/lib/lb_conns.h``). This module
 turns that into what the rest of the code wants, a mapping of flow key bytes ->
-(backend id, hash), and writes entries the way lb_xdp does. Every access copies whole sets
-with ``BPF_F_LOCK``, so it never sees (or leaves) a half-written set. lb_xdp reads sets
-without the lock, validating with the set's ``seq``; a ``BPF_F_LOCK`` copy cannot order its
-stores for such a reader, so :meth:`ConnTable.put` (a read-modify-write, not atomic against
-the data path either) is for tests and tools, not for a table carrying traffic.
-:meth:`ConnTable.flush` is safe under traffic: a read that sees part of an entry zeroed is
-a miss (backend 0, tag or key not matching), or at worst carries a zero hash.
+(backend id, hash), and writes entries the way lb_xdp does.
+
+lb_xdp takes no lock: its writers claim a set by making its ``seq`` odd (a compare-and-swap)
+and make it even again when done. Every copy here is a ``BPF_F_LOCK`` one, which only
+serializes user space with itself; a set read is validated by its ``seq`` instead (even, and
+the same in a second copy made after the first: else it is read again), so readers never
+see a half-written set. Writes cannot be ordered for lb_xdp's lockless readers and writers:
+:meth:`ConnTable.put` (a read-modify-write) is for tests and tools, not for a table carrying
+traffic. :meth:`ConnTable.flush` is meant for use under traffic: a read that sees part of an
+entry zeroed is a miss (backend 0, tag or key not matching), or at worst carries a zero hash;
+the rare race of a flush with two lb_xdp writers of one set is described in lb_conns.h.
 """
 
 from __future__ import annotations
@@ -31,20 +35,30 @@ _KEY = hashing.FLOW_KEY_SIZE
 #: ``struct xdplb_conn_set`` as a numpy record (offsets from the ctypes mirror).
 SET_DTYPE = np.dtype(
     {
-        "names": ["rank", "tag", "backend_id", "hash", "slot"],
+        "names": ["rank", "tag", "backend_id", "hash", "seq", "slot"],
         "formats": [
             ("u1", WAYS),
             ("<u4", WAYS),
             ("<u4", WAYS),
             ("<u4", WAYS),
+            "<u4",
             (("V", ctypes.sizeof(abi.ConnSlot)), WAYS),
         ],
         "offsets": [
-            getattr(abi.ConnSet, f).offset for f in ("rank", "tag", "backend_id", "hash", "slot")
+            getattr(abi.ConnSet, f).offset
+            for f in ("rank", "tag", "backend_id", "hash", "seq", "slot")
         ],
         "itemsize": SET_SIZE,
     }
 )
+
+
+#: Copies of one set tried before giving up on a set that lb_xdp keeps writing.
+_READ_TRIES = 1000
+
+
+class TornRead(RuntimeError):
+    """A set of ``lb_conns`` kept changing under every copy of it."""
 
 
 def set_index(key: bytes, seed: int) -> int:
@@ -61,8 +75,12 @@ class ConnTable:
         self.map = m
 
     def sets(self) -> npt.NDArray[np.void]:
-        """Every set, as records of :data:`SET_DTYPE`."""
-        return np.frombuffer(self.map.lookup_array(BPF_F_LOCK), dtype=SET_DTYPE)
+        """Every set, as records of :data:`SET_DTYPE`, each one consistent (seq-validated)."""
+        first = np.frombuffer(self.map.lookup_array(BPF_F_LOCK), dtype=SET_DTYPE).copy()
+        again = np.frombuffer(self.map.lookup_array(BPF_F_LOCK), dtype=SET_DTYPE)
+        for idx in np.nonzero((first["seq"] & 1) | (first["seq"] != again["seq"]))[0]:
+            first[idx] = np.frombuffer(self._read_raw(int(idx)), dtype=SET_DTYPE)[0]
+        return first
 
     def count(self) -> int:
         """Entries in the table."""
@@ -77,10 +95,25 @@ class ConnTable:
             out[bytes(rec["slot"][w])[:_KEY]] = (int(rec["backend_id"][w]), int(rec["hash"][w]))
         return out
 
-    def _read(self, idx: int) -> abi.ConnSet:
+    def _copy(self, idx: int) -> bytes:
         raw = self.map.lookup(idx.to_bytes(4, "little"), BPF_F_LOCK)
         assert raw is not None  # an array index below max_entries
-        return abi.ConnSet.from_buffer_copy(raw)
+        return raw
+
+    def _read_raw(self, idx: int) -> bytes:
+        """One set, copied while no lb_xdp writer changed it (seq even and unchanged)."""
+        off = abi.ConnSet.seq.offset
+        raw = self._copy(idx)
+        for _ in range(_READ_TRIES):
+            again = self._copy(idx)
+            seq = raw[off : off + 4]
+            if not seq[0] & 1 and again[off : off + 4] == seq:
+                return raw
+            raw = again
+        raise TornRead(f"lb_conns set {idx} changed under {_READ_TRIES} copies")
+
+    def _read(self, idx: int) -> abi.ConnSet:
+        return abi.ConnSet.from_buffer_copy(self._read_raw(idx))
 
     def get(self, key: bytes, seed: int) -> tuple[int, int] | None:
         """(backend id, hash) of a flow, or None; does not refresh it (lb_xdp does)."""
