@@ -320,10 +320,16 @@ def test_agent_reports_what_it_measured(receiver: ReportReceiver, tmp_path: Path
     snmp = tmp_path / "snmp"
     reads = {"n": 0}
 
+    def replace(path: Path, text: str) -> None:
+        # Atomically, as /proc reads are: the agent never sees a half-written file.
+        tmp = path.with_suffix(".tmp")
+        tmp.write_text(text)
+        tmp.replace(path)
+
     def advance() -> None:
         n = reads["n"] = reads["n"] + 1
-        stat.write_text(f"cpu {30 * n} 0 0 {70 * n} 0 0 0 0\n")
-        snmp.write_text(PROC_SNMP.format(opens=20 * n))
+        replace(stat, f"cpu {30 * n} 0 0 {70 * n} 0 0 0 0\n")
+        replace(snmp, PROC_SNMP.format(opens=20 * n))
 
     advance()
     stop = threading.Event()

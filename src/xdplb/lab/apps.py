@@ -31,6 +31,9 @@ class _DualStack:
 
     allow_reuse_address = True
     daemon_threads = True
+    # Tests open connections 16 at a time on a loaded 2-core machine: socketserver's
+    # default accept queue of 5 would turn bursts into SYN retransmissions.
+    request_queue_size = 128
 
     def server_bind(self) -> None:
         sock: socket.socket = self.socket  # type: ignore[attr-defined]
