@@ -53,7 +53,7 @@ struct {
  * a struct xdplb_bucket of XDPLB_MAX_HOPS ids); vip ids are unique across
  * both.  A VIP's table_kind says which map holds its table.  A table is
  * replaced as a whole, never rewritten in place.  The inner templates have
- * BPF_F_INNER_MAP so each VIP's table may have its own (prime) size; the
+ * BPF_F_INNER_MAP so each VIP's table may have its own size; the
  * kernel then compares type, flags, key and value size only, so user space
  * must create inner tables with BPF_F_INNER_MAP as well.  Sizes, not
  * __type(): clang 14 emits only a FWD for a struct named inside
