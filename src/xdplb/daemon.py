@@ -21,7 +21,7 @@ from pathlib import Path
 from types import FrameType
 
 from xdplb import planner
-from xdplb.config import Config, TableKindName, XdpModeName, load_config
+from xdplb.config import Config, XdpModeName, load_config
 from xdplb.datapath import XdpMode
 from xdplb.datapath.lb import LbDatapath
 from xdplb.errors import ConfigError
@@ -32,7 +32,7 @@ log = logging.getLogger("xdplb.daemon")
 RUN_DIR = Path(os.environ.get("XDPLB_RUN_DIR", "/run/xdplb"))
 #: How often the configuration file's mtime is looked at.
 POLL_INTERVAL = 0.5
-#: How often a configuration with Beamer tables is planned again, so that a table
+#: How often a Beamer table still short of its weights is planned again, so that it
 #: reaches a far target in steps, each after its minimum interval.
 REPLAN_INTERVAL = 1.0
 
@@ -68,6 +68,8 @@ class Daemon:
         self.memory: dict[int, planner.BeamerMemory] = {}
         #: Load-aware weights, when the configuration asks for them.
         self.feedback: WeightFeedback | None = None
+        #: Some Beamer table still has steps to take (see planner.beamer_pending).
+        self.beamer_pending = False
 
     def _file_mtime(self) -> float:
         try:
@@ -107,7 +109,8 @@ class Daemon:
         self._follow_feedback(cfg)
         wanted = self.feedback.effective(cfg) if self.feedback is not None else cfg
         now = time.monotonic()
-        ops = planner.plan(wanted, self.dp.snapshot(), now=now, memory=self.memory)
+        snap = self.dp.snapshot()
+        ops = planner.plan(wanted, snap, now=now, memory=self.memory)
         t0 = time.perf_counter()
         self.dp.apply(ops)
         for op in ops:
@@ -119,6 +122,7 @@ class Daemon:
             log.info(
                 "applied %d map operations in %.1f ms", len(ops), 1e3 * (time.perf_counter() - t0)
             )
+        self.beamer_pending = planner.beamer_pending(wanted, planner.apply_to_snapshot(snap, ops))
         self.config = cfg
         return len(ops)
 
@@ -139,9 +143,6 @@ class Daemon:
             return False
         self.apply(cfg)
         return True
-
-    def _has_beamer(self) -> bool:
-        return any(v.table is TableKindName.BEAMER for v in self.config.vips)
 
     def _on_signal(self, signum: int, _frame: FrameType | None) -> None:
         if signum == signal.SIGHUP:
@@ -170,7 +171,7 @@ class Daemon:
                 elif self.feedback is not None and self.feedback.step(time.monotonic()):
                     self.apply(self.config)  # new weights from the backends' load
                     last_plan = time.monotonic()
-                elif self._has_beamer() and time.monotonic() - last_plan >= REPLAN_INTERVAL:
+                elif self.beamer_pending and time.monotonic() - last_plan >= REPLAN_INTERVAL:
                     self.apply(self.config)
                     last_plan = time.monotonic()
         finally:

@@ -27,7 +27,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, replace
 
 from xdplb import abi, beamer, maglev
-from xdplb.config import Config, HashFields, VipConfig
+from xdplb.config import Config, HashFields, TableKindName, VipConfig
 from xdplb.state import BackendState, LbConfig, LookupTable, Snapshot, Vip, VipParams
 
 IPAddress = ipaddress.IPv4Address | ipaddress.IPv6Address
@@ -265,6 +265,23 @@ def plan(
     # Deletions run VIPs first, then addresses, tables, backends.
     ops_del.sort(key=_del_rank)
     return ops_put + ops_del
+
+
+def beamer_pending(cfg: Config, snap: Snapshot) -> bool:
+    """Whether some Beamer table in ``snap`` has not reached its weights yet, i.e. a later
+    plan (after the table's minimum interval) still has steps to take."""
+    ids = {b.addr: i for i, b in snap.backends.items() if b.active}
+    for vip in cfg.vips:
+        params = snap.vips.get(vip_key(vip))
+        if vip.table is not TableKindName.BEAMER or params is None:
+            continue
+        table = snap.tables.get(params.vip_id)
+        weights = {ids[b.address]: b.weight for b in vip.backends if b.address in ids}
+        if table is not None and any(weights.values()):
+            want = {i: n for i, n in beamer.targets(weights, len(table)).items() if n}
+            if table.counts() != want:
+                return True
+    return False
 
 
 def _addr_order(a: IPAddress) -> tuple[int, IPAddress]:

@@ -2,7 +2,7 @@
 
 - ``lb_netns`` (module): a fresh network namespace ``xdplbt-<pid>-<n>`` with a veth pair
   lb0/lb0p up, 198.18.0.2/24 and fd78:6470:6c62::2/64 (nodad) on lb0, forwarding on, and
-  permanent neighbours for the fixture backends. This thread runs inside it (libc setns)
+  permanent neighbours for the fixture backends. This thread runs inside it (xdplb.lab.netns)
   for the whole module, so test_run's ingress_ifindex and bpf_fib_lookup() see its
   devices, routes and neighbours; it is left and deleted afterwards whatever happens.
 - ``lb_obj`` (module): build/lb_xdp.bpf.o loaded with its pins under
@@ -21,40 +21,26 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from lb_harness import LabNetns, Lb, configure_lab, serial, setns
+from lb_harness import LabNetns, Lb, configure_lab, serial
 
 from xdplb import paths
 from xdplb.datapath import BpfObject
+from xdplb.lab import netns
 
 
 @pytest.fixture(scope="module")
 def lb_netns() -> Iterator[LabNetns]:
-    if os.geteuid() != 0:
-        pytest.skip("needs root (netns, bpf syscalls)")
     name = f"xdplbt-{os.getpid()}-{next(serial)}"
     subprocess.run(["ip", "netns", "add", name], check=True, capture_output=True)
     try:
-        home = os.open("/proc/self/ns/net", os.O_RDONLY)
-        try:
-            target = os.open(f"/run/netns/{name}", os.O_RDONLY)
-            try:
-                setns(target)
-            finally:
-                os.close(target)
-            try:
-                yield configure_lab(name)
-            finally:
-                setns(home)
-        finally:
-            os.close(home)
+        with netns.enter(name):
+            yield configure_lab(name)
     finally:
         subprocess.run(["ip", "netns", "del", name], check=False, capture_output=True)
 
 
 @pytest.fixture(scope="module")
 def lb_obj() -> Iterator[BpfObject]:
-    if os.geteuid() != 0:
-        pytest.skip("needs root (bpf syscalls)")
     pin_root = Path(f"/sys/fs/bpf/xdplbt-{os.getpid()}-{next(serial)}")
     try:
         obj = BpfObject.load(paths.bpf_object("lb_xdp"), pin_root=pin_root)

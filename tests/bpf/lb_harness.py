@@ -8,7 +8,6 @@ from __future__ import annotations
 import ctypes
 import dataclasses
 import itertools
-import os
 import socket
 import struct
 from collections.abc import Iterable
@@ -23,17 +22,9 @@ from xdplb.datapath.conns import ConnTable
 from xdplb.datapath.lb import TABLE_MAPS
 from xdplb.model import ConnEntry, LookupTable
 
-CLONE_NEWNET = 0x40000000
 #: A table as the harness installed it: first hops, later hops, kind.
 _TableDef = tuple[tuple[int, ...], tuple[tuple[int, ...], ...], abi.TableKind]
-_libc = ctypes.CDLL(None, use_errno=True)
 serial = itertools.count()
-
-
-def setns(fd: int) -> None:
-    if _libc.setns(fd, CLONE_NEWNET) != 0:
-        err = ctypes.get_errno()
-        raise OSError(err, f"setns: {os.strerror(err)}")
 
 
 def _u32(n: int) -> bytes:

@@ -7,7 +7,6 @@ both are removed whatever happens.
 
 from __future__ import annotations
 
-import ctypes
 import errno
 import json
 import os
@@ -42,14 +41,13 @@ from xdplb.datapath import (
     tc_query,
 )
 from xdplb.errors import BpfError, LoadError
+from xdplb.lab import netns
 
 pytestmark = pytest.mark.bpf
 
 XDP_ABORTED, XDP_DROP, XDP_PASS, XDP_TX = 0, 1, 2, 3
 TC_ACT_OK = 0
 
-CLONE_NEWNET = 0x40000000
-_libc = ctypes.CDLL(None, use_errno=True)
 
 # dst 02:..:01, src 02:..:02, IPv4 ethertype, then payload: enough for any program here.
 PACKET = bytes.fromhex("02 00 00 00 00 01  02 00 00 00 00 02  08 00") + bytes(range(50))
@@ -91,35 +89,20 @@ def ip(*args: str) -> str:
     return subprocess.run(["ip", *args], check=True, capture_output=True, text=True).stdout
 
 
-def _setns(fd: int) -> None:
-    if _libc.setns(fd, CLONE_NEWNET) != 0:
-        err = ctypes.get_errno()
-        raise OSError(err, os.strerror(err))
-
-
 @contextmanager
 def veth_netns(tag: str) -> Iterator[tuple[str, int, int]]:
     """A fresh netns holding veth0 <-> veth1, both up; this thread runs inside it.
 
     Yields (netns name, ifindex of veth0, ifindex of veth1)."""
     name = f"xdplbt-{os.getpid()}-{tag}"
-    home = os.open("/proc/thread-self/ns/net", os.O_RDONLY)
     ip("netns", "add", name)
     try:
         ip("-n", name, "link", "add", "veth0", "type", "veth", "peer", "name", "veth1")
         ip("-n", name, "link", "set", "veth0", "up")
         ip("-n", name, "link", "set", "veth1", "up")
-        target = os.open(f"/run/netns/{name}", os.O_RDONLY)
-        try:
-            _setns(target)
-        finally:
-            os.close(target)
-        try:
+        with netns.enter(name):
             yield name, socket.if_nametoindex("veth0"), socket.if_nametoindex("veth1")
-        finally:
-            _setns(home)
     finally:
-        os.close(home)
         subprocess.run(["ip", "netns", "del", name], check=False, capture_output=True)
 
 

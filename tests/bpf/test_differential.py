@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import ctypes
 import ipaddress
-import os
 import struct
 from collections import Counter
 from collections.abc import Iterator
@@ -34,10 +33,7 @@ from xdplb.datapath.conns import ConnTable
 from xdplb.datapath.lb import TABLE_MAPS
 from xdplb.datapath.testrun import TestRunResult
 
-pytestmark = [
-    pytest.mark.bpf,
-    pytest.mark.skipif(os.geteuid() != 0, reason="needs root (bpf syscalls, netns)"),
-]
+pytestmark = pytest.mark.bpf
 
 V4 = ipaddress.IPv4Address
 V6 = ipaddress.IPv6Address

@@ -283,8 +283,6 @@ def chain_ns() -> Iterator[ChainNs]:
     neighbours OTHER4 and OTHER6 → OTHER_MAC on h0; the VIPs and the client addresses on
     lo; tcp_syncookies = 2 (every SYN is answered with a cookie).
     """
-    if os.geteuid() != 0:
-        pytest.skip("needs root (netns, bpf syscalls)")
     name = f"xdplbt-{os.getpid()}-chain{next(_serial)}"
     subprocess.run(["ip", "netns", "add", name], check=True, capture_output=True)
     try:

@@ -21,10 +21,7 @@ from xdplb.datapath.lb import LbDatapath, destroy
 from xdplb.planner import DeleteTable, PutTable
 from xdplb.state import LookupTable
 
-pytestmark = [
-    pytest.mark.bpf,
-    pytest.mark.skipif(os.geteuid() != 0, reason="needs root (bpf syscalls)"),
-]
+pytestmark = pytest.mark.bpf
 
 MAGLEV, BEAMER = abi.TableKind.MAGLEV, abi.TableKind.BEAMER
 

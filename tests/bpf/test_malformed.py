@@ -19,7 +19,6 @@ and 802.1Q / 802.1ad / double-tagged variants of a share of all of it.
 from __future__ import annotations
 
 import ipaddress
-import os
 import time
 from collections import Counter
 from collections.abc import Iterator
@@ -42,10 +41,7 @@ from test_differential import (  # the harness and lab of the differential test
 from xdplb import abi, model
 from xdplb.datapath.conns import ConnTable
 
-pytestmark = [
-    pytest.mark.bpf,
-    pytest.mark.skipif(os.geteuid() != 0, reason="needs root (bpf syscalls, netns)"),
-]
+pytestmark = pytest.mark.bpf
 
 __all__ = ["mlb"]  # the fixture, re-exported so that pytest finds it here
 

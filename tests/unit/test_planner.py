@@ -24,6 +24,7 @@ from xdplb.planner import (
     SetConfig,
     Snapshot,
     apply_to_snapshot,
+    beamer_pending,
     plan,
     vip_key,
 )
@@ -243,3 +244,19 @@ def test_a_removed_backend_stays_while_it_is_a_previous_hop() -> None:
     # Once no table names it (the VIP goes Maglev), it leaves.
     ops3, snap3 = converge(config([vip("198.18.100.1", 80, *three[:2])]), snap2)
     assert DeleteBackend(gone) in ops3 and not snap3.backends[gone].active
+
+
+def test_beamer_pending_until_the_table_reaches_its_weights() -> None:
+    two = ("198.18.0.11", "198.18.0.12")
+    cfg = config([beamer_vip(*two, min_interval=0, max_step=0.1)])
+    _, snap = converge(cfg, Snapshot())
+    assert not beamer_pending(cfg, snap)
+    cfg2 = config([beamer_vip(("198.18.0.11", 3), "198.18.0.12", min_interval=0, max_step=0.1)])
+    steps = 0
+    while beamer_pending(cfg2, snap) or steps == 0:
+        snap = apply_to_snapshot(snap, plan(cfg2, snap, now=float(steps)))
+        steps += 1
+        assert steps < 20
+    # From 1/2 to 3/4 of 4,096 buckets is 1,024 moves, 409 per step.
+    assert steps == 3
+    assert not beamer_pending(config([vip("198.18.100.1", 80, *two)]), snap)
