@@ -1,0 +1,163 @@
+"""What the running daemon offers its operators: the status it reports and the changes
+it accepts. The HTTP API (:mod:`xdplb.api`), the metrics (:mod:`xdplb.metrics`), the
+status page and the CLI all speak this vocabulary; the daemon implements
+:class:`Controller`.
+
+Every method runs on the daemon's event loop and returns quickly: a change is
+validated, planned and pushed to the maps before the call returns, or it changes
+nothing and raises :class:`~xdplb.errors.ConfigError` naming the field.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+from typing import Literal, Protocol
+
+from pydantic import BaseModel, ConfigDict
+
+from xdplb.config import Config
+from xdplb.config import Protocol as L4Protocol
+
+IPAddress = ipaddress.IPv4Address | ipaddress.IPv6Address
+
+Health = Literal["up", "down", "unchecked"]
+"""``unchecked``: no health check configured, the backend counts as up."""
+Admin = Literal["enabled", "draining", "drained"]
+"""``draining``: out of the table for new connections, established ones still open (or
+not known to be closed); ``drained``: the backend's agent reports none left."""
+
+
+class _Out(BaseModel):
+    model_config = ConfigDict(frozen=True)
+
+
+class VipRef(_Out):
+    """A VIP's identity, as it appears in API paths: /vips/{address}/{port}/{protocol}."""
+
+    address: IPAddress
+    port: int
+    protocol: L4Protocol
+
+    @property
+    def name(self) -> str:
+        addr = f"[{self.address}]" if self.address.version == 6 else str(self.address)
+        return f"{addr}:{self.port}/{self.protocol}"
+
+
+class BackendStatus(_Out):
+    address: str
+    id: int | None
+    """Backend id in the maps (None: not in the maps yet)."""
+    weight: int
+    """As configured (or changed through the API)."""
+    effective_weight: int
+    """What the table is built from: 0 while down or drained, load feedback's otherwise."""
+    health: Health
+    health_detail: str
+    """Last check's outcome ("HTTP 503", "timeout after 1000 ms"); empty if unchecked."""
+    health_changed_ago: float | None
+    """Seconds since the health state last changed (None: never checked)."""
+    admin: Admin
+    established: int | None
+    """Connections of this VIP the backend's agent reports open (None: no agent)."""
+    table_share: float
+    """Fraction of the VIP's buckets whose first hop is this backend."""
+    packets: int
+    """Counters of the backend over all VIPs (the data path counts per backend)."""
+    bytes: int
+    new_flows: int
+    second_hop_forwards: int | None
+    """Packets the backend's host_tc passed on to a later hop (from its agent)."""
+
+
+class VipStatus(_Out):
+    name: str
+    address: str
+    port: int
+    protocol: str
+    encap: str
+    hash: str
+    table: str
+    table_size: int
+    id: int | None
+    all_down: bool
+    """Every backend with a weight is down: the VIP keeps its last table rather than
+    dropping its traffic."""
+    health_checked: bool
+    packets: int
+    bytes: int
+    new_flows: int
+    backends: list[BackendStatus]
+
+
+class ConnTableStatus(_Out):
+    capacity: int
+    used: int
+    """Entries in use (estimated from a sample of the sets)."""
+
+
+class Status(_Out):
+    instance: str
+    config_path: str
+    attached: list[str]
+    runtime_changes: bool
+    """The running configuration differs from the file (API changes not persisted)."""
+    uptime: float
+    vips: list[VipStatus]
+    drops: dict[str, int]
+    events: dict[str, int]
+    conn_table: ConnTableStatus
+    rebuilds: int
+    """Plans that changed the maps since the daemon started."""
+    last_rebuild_ms: float | None
+    health_checks: int
+    """Health checks completed since the daemon started."""
+
+
+class ChangeResult(_Out):
+    operations: int
+    """Map operations the change took (0: the maps already matched)."""
+    persisted: bool
+    """Written back to the configuration file."""
+    runtime_changes: bool
+
+
+class DrainStatus(_Out):
+    vip: str
+    backend: str
+    admin: Admin
+    established: int | None
+    """Open connections the agent last reported (None: no report since the drain began)."""
+    done: bool | None
+    """True once a report taken after the drain began says none are left; None: cannot
+    tell (no agent reports for this backend)."""
+
+
+class Controller(Protocol):
+    """The daemon as the API sees it."""
+
+    def status(self) -> Status: ...
+
+    def config(self) -> Config:
+        """The running configuration, API changes included."""
+        ...
+
+    def replace_config(self, cfg: Config, *, persist: bool) -> ChangeResult:
+        """Make ``cfg`` the running configuration (atomically: it is applied whole or not
+        at all); ``persist`` also writes it to the configuration file."""
+        ...
+
+    def reload(self) -> ChangeResult:
+        """Re-read the configuration file (API changes not persisted are dropped)."""
+        ...
+
+    def drain(self, vip: VipRef, backend: IPAddress) -> DrainStatus:
+        """No new connections to ``backend`` for ``vip``; established ones continue.
+        KeyError: no such VIP or backend."""
+        ...
+
+    def enable(self, vip: VipRef, backend: IPAddress) -> DrainStatus:
+        """Undo a drain. KeyError: no such VIP or backend."""
+        ...
+
+    def drain_status(self, vip: VipRef, backend: IPAddress) -> DrainStatus: ...
