@@ -484,7 +484,8 @@ def read_chain(instance: str) -> dict[str, int] | None:
         events = events_from_pins(instance)
     except FileNotFoundError:  # unpinned since the check
         return None
-    return {e.name.lower(): n for e, n in events.items()}
+    # A sum over cpus of u64 counters: clamped, never a report the agent cannot send.
+    return {e.name.lower(): min(n, MAX_COUNTER) for e, n in events.items()}
 
 
 def largest(
@@ -614,7 +615,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--name", required=True, help="backend identity, as the LB names it")
     parser.add_argument("--to", required=True, help="controller address, host:port")
     parser.add_argument(
-        "--interval", type=float, default=1.0, help="seconds between reports (0.1 and up)"
+        "--interval", type=float, default=1.0, help="seconds between reports (e.g. 1, or 0.2)"
     )
     parser.add_argument(
         "--host-instance",
