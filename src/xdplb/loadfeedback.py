@@ -51,6 +51,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
 
+from xdplb.abi import IPAddress
+
 #: Weights are __u16-sized in the configuration (``BackendConfig.weight``).
 MAX_WEIGHT = 65535
 #: Floor for a measured load: an idle backend would otherwise ask for an infinite factor
@@ -64,6 +66,11 @@ def _finite(name: str, value: float) -> float:
     return float(value)
 
 
+ConnKey = tuple[IPAddress, int]
+"""(local address, local port) of a backend's server-side connections: a VIP (or the
+backend's own address) and a service port. IPv4-mapped addresses are kept as IPv4."""
+
+
 @dataclass(frozen=True, slots=True)
 class LoadReport:
     """One backend's load, as the controller received it."""
@@ -75,7 +82,19 @@ class LoadReport:
     rps: float
     """Requests per second over that interval (new TCP connections, see xdplb.agent)."""
     at: float
-    """When the report was received, on the clock given to :meth:`LoadController.update`."""
+    """When the report was received, on the clock given to :meth:`LoadController.update`.
+    The agent measures right before it sends, so this is also (within the network's
+    delay) when ``conns`` was true."""
+    conns: Mapping[ConnKey, int] | None = field(default=None, hash=False)
+    """Established server-side connections per (local address, port), non-zero entries
+    only (see xdplb.serverconns). None: the agent does not count them (an older agent),
+    which is not the same as none open."""
+    conns_truncated: bool = False
+    """``conns`` holds only the largest entries: an address and port missing from it may
+    still have connections."""
+    chain: Mapping[str, int] | None = field(default=None, hash=False)
+    """host_tc's event counters on the backend (lower-case :class:`xdplb.abi.HostEvent`
+    names: ``forward`` counts second-hop forwards); None when host_tc is not pinned."""
 
     def __post_init__(self) -> None:
         if not isinstance(self.backend, str) or not self.backend:
@@ -85,6 +104,13 @@ class LoadReport:
         if _finite("rps", self.rps) < 0.0:
             raise ValueError(f"rps: must be >= 0, got {self.rps!r}")
         _finite("at", self.at)
+        # Read-only copies: the report is frozen, a caller's dict is not.
+        if self.conns is not None:
+            object.__setattr__(self, "conns", MappingProxyType(dict(self.conns)))
+        elif self.conns_truncated:
+            raise ValueError("conns_truncated: set without conns")
+        if self.chain is not None:
+            object.__setattr__(self, "chain", MappingProxyType(dict(self.chain)))
 
 
 @dataclass(frozen=True, slots=True)

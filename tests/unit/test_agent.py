@@ -3,6 +3,7 @@ untrusted input, and a real UDP round trip on loopback."""
 
 from __future__ import annotations
 
+import ipaddress
 import json
 import socket
 import threading
@@ -12,7 +13,16 @@ from typing import Any
 
 import pytest
 
+from xdplb import agent as agent_module
+from xdplb import paths
 from xdplb.agent import (
+    MAX_CHAIN,
+    MAX_CONN_COUNT,
+    MAX_CONNS,
+    MAX_COUNTER,
+    MAX_DATAGRAM,
+    MAX_NAME,
+    MAX_SEQ,
     CpuTimes,
     ReportReceiver,
     Sample,
@@ -20,14 +30,16 @@ from xdplb.agent import (
     WireReport,
     decode_report,
     encode_report,
+    largest,
     main,
     parse_target,
     rates,
+    read_chain,
     read_cpu_times,
     read_passive_opens,
     run_agent,
 )
-from xdplb.loadfeedback import LoadReport
+from xdplb.loadfeedback import ConnKey, LoadReport
 
 pytestmark = pytest.mark.unit
 
@@ -174,7 +186,7 @@ GOOD: dict[str, Any] = {"backend": "b1", "cpu": 0.5, "rps": 10.0, "seq": 1}
         (b"\xff\xfe", "datagram: not UTF-8"),
         (b"{", "datagram: not JSON (Expecting property name enclosed in double quotes at 1)"),
         (b"[1, 2]", "datagram: must be a JSON object, got list"),
-        (b"x" * 1025, "datagram: 1025 bytes, more than 1024"),
+        (b"x" * (MAX_DATAGRAM + 1), f"datagram: {MAX_DATAGRAM + 1} bytes, more than 8192"),
         (b'{"backend":"b","cpu":NaN,"rps":0,"seq":0}', "datagram: NaN is not a number JSON allows"),
         (json.dumps({**GOOD, "mem": 1}).encode(), "mem: unknown field"),
         (json.dumps({k: v for k, v in GOOD.items() if k != "rps"}).encode(), "rps: missing"),
@@ -357,3 +369,220 @@ def test_agent_reports_what_it_measured(receiver: ReportReceiver, tmp_path: Path
         assert r.backend == "b7"
         assert r.cpu == pytest.approx(0.3)
         assert r.rps == pytest.approx(1000.0, rel=0.5)  # 20 opens per ~20 ms tick
+
+
+# -- connection counts and host_tc counters ------------------------------------------------
+
+V4 = ipaddress.IPv4Address("198.18.100.1")
+V6 = ipaddress.IPv6Address("fd78:6470:6c62:100::1")
+
+
+def test_encode_decode_conns_and_chain() -> None:
+    r = WireReport(
+        "198.18.0.11",
+        0.5,
+        10.0,
+        3,
+        {(V6, 443): 1, (V4, 80): 3, (V4, 7): 2},
+        chain={"pass": 1200, "forward": 12},
+    )
+    data = encode_report(r)
+    # Entries sorted: IPv4 before IPv6, then by address and port.
+    assert json.loads(data) == {
+        "backend": "198.18.0.11",
+        "cpu": 0.5,
+        "rps": 10.0,
+        "seq": 3,
+        "conns": [
+            ["198.18.100.1", 7, 2],
+            ["198.18.100.1", 80, 3],
+            ["fd78:6470:6c62:100::1", 443, 1],
+        ],
+        "chain": {"pass": 1200, "forward": 12},
+    }
+    back = decode_report(data)
+    assert back == r
+    got = back.received(9.0)
+    assert got.conns == {(V4, 80): 3, (V4, 7): 2, (V6, 443): 1}
+    assert got.chain == {"pass": 1200, "forward": 12}
+    assert not got.conns_truncated and got.at == 9.0
+
+
+def test_an_agent_that_counts_nothing_sends_an_empty_list() -> None:
+    # Empty is "no connection open"; absent is "not counted" (an older agent).
+    empty = WireReport("b1", 0.5, 1.0, 1, {})
+    assert json.loads(encode_report(empty))["conns"] == []
+    assert decode_report(encode_report(empty)).received(0.0).conns == {}
+    old = decode_report(b'{"backend":"b1","cpu":0.5,"rps":1,"seq":1}')
+    assert old.conns is None and old.chain is None and not old.conns_truncated
+    assert old.received(0.0) == LoadReport("b1", 0.5, 1, 0.0)
+
+
+def test_decode_reads_ipv4_mapped_addresses_as_ipv4() -> None:
+    doc = {**GOOD, "conns": [["::ffff:198.18.100.1", 80, 4]]}
+    assert decode_report(json.dumps(doc).encode()).conns == {(V4, 80): 4}
+    mapped = ipaddress.IPv6Address("::ffff:198.18.100.1")
+    assert WireReport("b", 0.0, 0.0, 0, {(mapped, 80): 4}).conns == {(V4, 80): 4}
+
+
+def test_decode_keeps_the_truncation_mark() -> None:
+    doc = {**GOOD, "conns": [["198.18.100.1", 80, 4]], "conns_truncated": True}
+    r = decode_report(json.dumps(doc).encode())
+    assert r.conns_truncated and r.received(1.0).conns_truncated
+    assert json.loads(encode_report(r))["conns_truncated"] is True
+
+
+def with_(**fields: Any) -> bytes:
+    return json.dumps({**GOOD, **fields}).encode()
+
+
+@pytest.mark.parametrize(
+    ("data", "message"),
+    [
+        (with_(conns={"198.18.100.1": 1}), "conns: must be a list, got dict"),
+        (with_(conns=[["198.18.100.1", 80]]), "conns[0]: must be [address, port, count]"),
+        (with_(conns=[[1, 80, 1]]), "conns[0]: address must be an IP address, got '1'"),
+        (with_(conns=[["b1", 80, 1]]), "conns[0]: address must be an IP address, got 'b1'"),
+        (with_(conns=[["198.18.100.256", 80, 1]]), "conns[0]: address must be an IP address"),
+        (with_(conns=[["fe80::1%eth0", 80, 1]]), "conns[0]: address must be an IP address"),
+        (with_(conns=[["198.18.100.1", 0, 1]]), "conns[0] port: must be an integer in 1..65535"),
+        (with_(conns=[["198.18.100.1", 65536, 1]]), "conns[0] port: must be an integer in 1.."),
+        (with_(conns=[["198.18.100.1", "80", 1]]), "conns[0] port: must be an integer in 1.."),
+        (with_(conns=[["198.18.100.1", True, 1]]), "conns[0] port: must be an integer in 1.."),
+        (
+            with_(conns=[["198.18.100.1", 80, 0]]),
+            "conns[0] count: must be an integer in 1..4294967295",
+        ),
+        (with_(conns=[["198.18.100.1", 80, 2**32]]), "conns[0] count: must be an integer in 1.."),
+        (with_(conns=[["198.18.100.1", 80, 1.0]]), "conns[0] count: must be an integer in 1.."),
+        (
+            with_(
+                conns=[["198.18.100.1", 80, 1], ["198.18.100.2", 80, 1], ["198.18.100.1", 80, 2]]
+            ),
+            "conns[2]: 198.18.100.1 port 80 given twice",
+        ),
+        (
+            with_(conns=[["198.18.100.1", 80, 1], ["::ffff:198.18.100.1", 80, 2]]),
+            "conns[1]: 198.18.100.1 port 80 given twice",
+        ),
+        (
+            with_(conns=[["198.18.100.1", p, 1] for p in range(1, MAX_CONNS + 2)]),
+            "conns: 65 entries, more than 64",
+        ),
+        (with_(conns=[], conns_truncated="yes"), "conns_truncated: must be true or false"),
+        (with_(conns_truncated=True), "conns_truncated: set without conns"),
+        (with_(chain=[1, 2]), "chain: must be an object, got [1, 2]"),
+        (with_(chain=None), "chain: must be an object, got null"),
+        (with_(chain={"Forward": 1}), "chain: 'Forward' is not a counter name"),
+        (with_(chain={"": 1}), "chain: '' is not a counter name"),
+        (
+            with_(chain={"forward": -1}),
+            "chain.forward: must be an integer in 0..18446744073709551615",
+        ),
+        (with_(chain={"forward": 2**64}), "chain.forward: must be an integer in 0.."),
+        (with_(chain={"forward": "1"}), "chain.forward: must be an integer in 0.."),
+        (
+            with_(chain={f"e{i}": 0 for i in range(MAX_CHAIN + 1)}),
+            "chain: 33 counters, more than 32",
+        ),
+    ],
+)
+def test_decode_refuses_malformed_conns_and_chain(data: bytes, message: str) -> None:
+    with pytest.raises(ValueError) as e:
+        decode_report(data)
+    assert str(e.value).startswith(message), str(e.value)
+
+
+def test_the_largest_valid_report_fits_a_datagram() -> None:
+    top = ipaddress.IPv6Address("ffff:ffff:ffff:ffff:ffff:ffff:ffff:ffff")
+    r = WireReport(
+        "\U0001d538" * MAX_NAME,  # printable, 4 bytes in UTF-8
+        0.12345678901234568,
+        1.2345678901234567e300,
+        MAX_SEQ,
+        {(top - i, 65535): MAX_CONN_COUNT for i in range(MAX_CONNS)},
+        True,
+        {f"{chr(ord('a') + i % 26)}{i:031d}": MAX_COUNTER for i in range(MAX_CHAIN)},
+    )
+    data = encode_report(r)
+    assert 6000 < len(data) <= MAX_DATAGRAM
+    assert decode_report(data) == r
+
+
+def key(i: int) -> ConnKey:
+    return (ipaddress.IPv4Address("198.18.100.1") + i, 80)
+
+
+def test_largest_keeps_the_largest_entries_and_says_some_were_left_out() -> None:
+    conns = {key(i): i + 1 for i in range(MAX_CONNS)}
+    assert largest(conns) == (conns, False)
+    conns[key(MAX_CONNS)] = 1000
+    kept, truncated = largest(conns)
+    assert truncated and len(kept) == MAX_CONNS
+    assert kept[key(MAX_CONNS)] == 1000 and key(0) not in kept  # the one with 1 went
+    # Ties go by address: the same input always gives the same report.
+    ties = {key(i): 5 for i in range(4)}
+    assert largest(ties, limit=2) == ({key(0): 5, key(1): 5}, True)
+
+
+def test_read_chain_without_pins_is_none(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(paths, "BPFFS_ROOT", tmp_path)
+    (tmp_path / "host").mkdir()  # the instance's directory, but no host_events pinned
+    assert read_chain("host") is None
+    assert read_chain("nothing-here") is None
+
+
+def run_for_reports(
+    receiver: ReportReceiver, tmp_path: Path, count: int, **kw: Any
+) -> list[LoadReport]:
+    stat = write(tmp_path, "stat", "cpu 100 0 0 900 0 0 0 0\n")
+    snmp = write(tmp_path, "snmp", PROC_SNMP.format(opens=0))
+    stop = threading.Event()
+    agent = threading.Thread(
+        target=run_agent,
+        args=("198.18.0.11", receiver.address, 0.05, stop),
+        kwargs={"proc_stat": stat, "proc_snmp": snmp, **kw},
+    )
+    agent.start()
+    try:
+        return poll_until(receiver, count)
+    finally:
+        stop.set()
+        agent.join(timeout=1.0)
+
+
+def test_agent_reports_the_counts_at_each_report(receiver: ReportReceiver, tmp_path: Path) -> None:
+    counts = iter([{(V4, 80): 3}, {(V4, 80): 1, (V6, 7): 2}, {}])
+    got = run_for_reports(
+        receiver, tmp_path, 3, count_conns=lambda: next(counts, {}), host_instance=None
+    )
+    assert [r.conns for r in got[:3]] == [{(V4, 80): 3}, {(V4, 80): 1, (V6, 7): 2}, {}]
+    assert all(r.chain is None and not r.conns_truncated for r in got)
+
+
+def test_agent_sends_the_largest_counts_when_there_are_too_many(
+    receiver: ReportReceiver, tmp_path: Path
+) -> None:
+    many = {key(i): i + 1 for i in range(MAX_CONNS + 10)}
+    got = run_for_reports(receiver, tmp_path, 1, count_conns=lambda: many)
+    assert got and got[0].conns_truncated
+    assert got[0].conns is not None and len(got[0].conns) == MAX_CONNS
+    assert min(got[0].conns.values()) == 11
+
+
+def test_agent_reports_host_tc_counters_when_readable(
+    receiver: ReportReceiver, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    reads = iter([{"pass": 5, "forward": 1}, OSError(13, "Permission denied"), None])
+
+    def fake_read_chain(instance: str) -> dict[str, int] | None:
+        assert instance == "lab-b1"
+        r = next(reads, None)
+        if isinstance(r, OSError):
+            raise r
+        return r
+
+    monkeypatch.setattr(agent_module, "read_chain", fake_read_chain)
+    got = run_for_reports(receiver, tmp_path, 3, count_conns=dict, host_instance="lab-b1")
+    # A failed read is a report without the field, not a dead agent.
+    assert [r.chain for r in got[:3]] == [{"pass": 5, "forward": 1}, None, None]
