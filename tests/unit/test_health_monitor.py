@@ -1,0 +1,319 @@
+"""HealthMonitor with a fake check function: hysteresis, schedule, target changes, limits.
+
+Intervals are tens of milliseconds and every wait is bounded, so each test takes well
+under a second or two.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import itertools
+import random
+import statistics
+from collections.abc import Awaitable, Callable, Hashable
+from ipaddress import IPv4Address
+from typing import Any
+
+import pytest
+
+from xdplb.health.checkers import CheckResult, Target
+from xdplb.health.config import HealthCheckConfig
+from xdplb.health.monitor import HealthMonitor
+
+pytestmark = pytest.mark.unit
+
+ADDR = IPv4Address("198.18.0.11")
+
+
+def target(key: Hashable, port: int = 80, **check: Any) -> Target:
+    check.setdefault("interval_ms", 50)
+    check.setdefault("timeout_ms", 50)
+    check.setdefault("jitter", 0.0)
+    cfg = HealthCheckConfig.model_validate({"checker": {"tcp": {}}, **check})
+    return Target(key=key, backend=ADDR, address=ADDR, port=port, check=cfg)
+
+
+def run_for(monitor: HealthMonitor, body: Callable[[], Awaitable[None]]) -> None:
+    """Run the monitor while ``body`` runs, then cancel it (bounded: 10 s)."""
+
+    async def main() -> None:
+        task = asyncio.create_task(monitor.run())
+        try:
+            async with asyncio.timeout(10):
+                await body()
+        finally:
+            task.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await task
+
+    asyncio.run(main())
+
+
+async def wait_until(cond: Callable[[], bool], timeout: float = 5.0) -> None:
+    async with asyncio.timeout(timeout):
+        while not cond():
+            await asyncio.sleep(0.005)
+
+
+class Changes:
+    """on_change that records each call with the number of checks seen so far."""
+
+    def __init__(self) -> None:
+        self.calls: list[tuple[Hashable, bool, int]] = []
+        self.monitor: HealthMonitor | None = None
+
+    def __call__(self, key: Hashable, up: bool) -> None:
+        assert self.monitor is not None
+        state = self.monitor.state(key)
+        assert state is not None and state.up == up  # the state is already the new one
+        self.calls.append((key, up, state.checks_total))
+
+
+def test_rise_and_fall_counts_exactly() -> None:
+    # fall 2, rise 3: isolated failures and short runs of successes change nothing.
+    script = "SFSFF" + "SSFSSS" + "FSF"
+    results = iter(script)
+    done = asyncio.Event()
+
+    async def check(t: Target) -> CheckResult:
+        r = next(results, None)
+        if r is None:
+            done.set()
+            await asyncio.sleep(3600)
+        return CheckResult(r == "S", f"fake {r}", 0.001)
+
+    changes = Changes()
+    m = HealthMonitor(changes, check=check)
+    changes.monitor = m
+    m.set_targets([target("a", rise_count=3, fall_count=2)])
+    state = m.state("a")
+    assert state is not None and state.up and not state.checked
+
+    async def body() -> None:
+        await done.wait()
+
+    run_for(m, body)
+    # Down at the 5th check (2nd failure in a row), up at the 11th (3rd success in a row).
+    assert changes.calls == [("a", False, 5), ("a", True, 11)]
+    s = m.state("a")
+    assert s is not None
+    assert (s.up, s.checked, s.checks_total, s.successes, s.failures) == (True, True, 14, 0, 1)
+    assert s.last_detail == "fake F"
+    assert m.checks_total == 14 and m.checks_failed == 6
+
+
+def test_first_checks_spread_over_the_first_interval() -> None:
+    n, interval = 200, 0.4
+    first: dict[Hashable, float] = {}
+    loop_start = 0.0
+
+    async def check(t: Target) -> CheckResult:
+        first.setdefault(t.key, asyncio.get_running_loop().time() - loop_start)
+        return CheckResult(True, "ok", 0.0)
+
+    m = HealthMonitor(lambda k, up: None, check=check, rng=random.Random(7))
+    m.set_targets([target(i, interval_ms=400, timeout_ms=100) for i in range(n)])
+
+    async def body() -> None:
+        nonlocal loop_start
+        loop_start = asyncio.get_running_loop().time()
+        await wait_until(lambda: len(first) == n)
+
+    run_for(m, body)
+    times = sorted(first.values())
+    assert times[-1] < interval + 0.05
+    # Uniform over [0, 0.4): every tenth of the interval gets some, none gets most.
+    bins = collections.Counter(min(int(t / interval * 10), 9) for t in times)
+    assert sorted(bins) == list(range(10))
+    assert max(bins.values()) < n * 0.25
+
+
+def test_jitter_varies_each_interval_within_bounds() -> None:
+    starts: list[float] = []
+
+    async def check(t: Target) -> CheckResult:
+        starts.append(asyncio.get_running_loop().time())
+        return CheckResult(True, "ok", 0.0)
+
+    m = HealthMonitor(lambda k, up: None, check=check, rng=random.Random(1))
+    m.set_targets([target("a", interval_ms=60, timeout_ms=50, jitter=0.5)])
+    run_for(m, lambda: wait_until(lambda: len(starts) >= 16))
+    gaps = [b - a for a, b in itertools.pairwise(starts)]
+    # 60 ms x (1 +- 0.5): within [30, 90] ms, plus the timer slack of a busy machine.
+    assert all(0.029 <= g <= 0.15 for g in gaps), gaps
+    assert statistics.pstdev(gaps) > 0.005  # not a fixed period
+
+
+def test_set_targets_keeps_unchanged_replaces_changed_drops_missing() -> None:
+    failing = {"b", "c"}
+    calls: collections.Counter[Hashable] = collections.Counter()
+
+    async def check(t: Target) -> CheckResult:
+        calls[t.key] += 1
+        return CheckResult(t.key not in failing, "fake", 0.0)
+
+    changes = Changes()
+    m = HealthMonitor(changes, check=check)
+    changes.monitor = m
+    a, b, c = target("a"), target("b"), target("c")
+    m.set_targets([a, b, c])
+
+    async def body() -> None:
+        await wait_until(lambda: all(not s.up for k, s in m.states().items() if k != "a"))
+        await wait_until(lambda: calls["a"] >= 3)
+        before = m.states()
+        # a: equal (a new but equal object); b: another port; c: gone; d: new.
+        m.set_targets([target("a"), target("b", port=81), target("d")])
+        after = m.states()
+        assert set(after) == {"a", "b", "d"}
+        assert after["a"] == before["a"]  # state kept as it was
+        assert after["b"].up is False  # replaced: keeps up/down and since ...
+        assert after["b"].since == before["b"].since
+        assert (after["b"].checked, after["b"].checks_total, after["b"].failures) == (
+            False,
+            0,
+            0,
+        )  # ... but counts afresh
+        assert after["d"].up and not after["d"].checked
+        assert m.state("c") is None
+        c_calls = calls["c"]
+        a_total = before["a"].checks_total
+        failing.discard("b")  # b now answers: up after rise_count (2) checks
+        await wait_until(lambda: m.state("b").up)  # type: ignore[union-attr]
+        await wait_until(lambda: m.state("d").checked)  # type: ignore[union-attr]
+        assert calls["c"] == c_calls  # no check of a dropped target
+        assert m.state("a").checks_total > a_total  # type: ignore[union-attr]
+
+    run_for(m, body)
+    downs = [(k, up) for k, up, _ in changes.calls]
+    assert sorted(downs[:2]) == [("b", False), ("c", False)]
+    assert downs[2:] == [("b", True)]  # nothing for the dropped c, nothing for a or d
+
+
+def test_unchanged_target_keeps_its_schedule() -> None:
+    starts: list[float] = []
+
+    async def check(t: Target) -> CheckResult:
+        starts.append(asyncio.get_running_loop().time())
+        return CheckResult(True, "ok", 0.0)
+
+    m = HealthMonitor(lambda k, up: None, check=check)
+    m.set_targets([target("a", interval_ms=200, timeout_ms=100)])
+
+    async def body() -> None:
+        await wait_until(lambda: len(starts) == 1)
+        for _ in range(20):  # a reload storm of the same target must not add checks
+            m.set_targets([target("a", interval_ms=200, timeout_ms=100)])
+            await asyncio.sleep(0.01)
+        await wait_until(lambda: len(starts) == 3)
+
+    run_for(m, body)
+    assert starts[1] - starts[0] >= 0.195 and starts[2] - starts[1] >= 0.195
+
+
+def test_overrunning_checks_of_one_target_never_overlap() -> None:
+    running: collections.Counter[Hashable] = collections.Counter()
+    most: collections.Counter[Hashable] = collections.Counter()
+    starts: list[float] = []
+
+    async def slow(t: Target) -> CheckResult:
+        running[t.key] += 1
+        most[t.key] = max(most[t.key], running[t.key])
+        if t.key == "a":
+            starts.append(asyncio.get_running_loop().time())
+        try:
+            await asyncio.sleep(0.12)  # more than twice the 50 ms interval
+        finally:
+            running[t.key] -= 1
+        return CheckResult(True, "ok", 0.12)
+
+    m = HealthMonitor(lambda k, up: None, check=slow)
+    m.set_targets([target("a"), target("b")])
+    run_for(m, lambda: wait_until(lambda: len(starts) >= 5))
+    assert most == {"a": 1, "b": 1}
+    gaps = [y - x for x, y in itertools.pairwise(starts)]
+    assert all(0.115 <= g < 0.3 for g in gaps), gaps  # back to back
+
+
+def test_concurrency_is_bounded_and_nothing_starves() -> None:
+    seen: collections.Counter[Hashable] = collections.Counter()
+    peak = 0
+    now = 0
+
+    async def check(t: Target) -> CheckResult:
+        nonlocal peak, now
+        now += 1
+        peak = max(peak, now)
+        try:
+            await asyncio.sleep(0.02)
+        finally:
+            now -= 1
+        seen[t.key] += 1
+        return CheckResult(True, "ok", 0.02)
+
+    m = HealthMonitor(lambda k, up: None, check=check, max_concurrent=5)
+    m.set_targets([target(i) for i in range(40)])
+    queued: list[int] = []
+
+    async def body() -> None:
+        async def watch() -> None:
+            while True:
+                queued.append(m.queued)
+                assert m.in_flight <= 5
+                await asyncio.sleep(0.003)
+
+        w = asyncio.create_task(watch())
+        await wait_until(lambda: len(seen) == 40 and min(seen.values()) >= 2)
+        w.cancel()
+
+    run_for(m, body)
+    assert peak == 5
+    assert max(queued) > 0  # 40 targets every 50 ms at 5 x 20 ms: saturated, so they queued
+    assert m.in_flight == 0 and m.queued == 0  # after run() ended
+
+
+def test_cancelling_run_cancels_checks_in_flight() -> None:
+    started = asyncio.Event()
+    cancelled: list[Hashable] = []
+
+    async def hang(t: Target) -> CheckResult:
+        started.set()
+        try:
+            await asyncio.sleep(3600)
+        except asyncio.CancelledError:
+            cancelled.append(t.key)
+            raise
+        return CheckResult(True, "never", 0.0)
+
+    m = HealthMonitor(lambda k, up: None, check=hang)
+    m.set_targets([target("a")])
+    run_for(m, started.wait)
+    assert cancelled == ["a"]
+    assert m.in_flight == 0
+    assert m.state("a").checks_total == 0  # type: ignore[union-attr]
+
+
+def test_a_raising_checker_counts_as_failure_and_a_raising_callback_is_survived() -> None:
+    async def broken(t: Target) -> CheckResult:
+        raise RuntimeError("bug")
+
+    calls: list[tuple[Hashable, bool]] = []
+
+    def on_change(key: Hashable, up: bool) -> None:
+        calls.append((key, up))
+        raise ValueError("callback bug")
+
+    m = HealthMonitor(on_change, check=broken)
+    m.set_targets([target("a", fall_count=2)])
+    run_for(m, lambda: wait_until(lambda: m.state("a").checks_total >= 4))  # type: ignore[union-attr]
+    assert calls == [("a", False)]
+    s = m.state("a")
+    assert s is not None and not s.up
+    assert s.last_detail == "checker error: RuntimeError('bug')"
+
+
+def test_duplicate_keys_are_refused() -> None:
+    m = HealthMonitor(lambda k, up: None)
+    with pytest.raises(ValueError, match="two targets have the key 'a'"):
+        m.set_targets([target("a"), target("a", port=81)])
