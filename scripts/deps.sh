@@ -4,7 +4,8 @@
 set -eu
 
 APT_PACKAGES="clang llvm libbpf-dev bpftool iproute2 gcc make python3 python3-venv python3-dev
-    pkg-config libelf-dev zlib1g-dev ethtool iputils-ping"
+    pkg-config libelf-dev zlib1g-dev ethtool iputils-ping
+    chromium chromium-driver fonts-dejavu-core"
 
 missing=""
 for p in $APT_PACKAGES; do

@@ -5,6 +5,7 @@
 - host: :func:`attach_host`, host_tc on a backend
 - packets: GUE / IPIP packets as lb_xdp builds them
 - pytest_plugin: the ``lab`` fixture
+- browser: :class:`~xdplb.lab.browser.Browser`, headless Chromium in a namespace (status page tests)
 """
 
 from xdplb.lab.topology import (

@@ -1,0 +1,479 @@
+// xdplb status page: polls GET /api/v1/status every second and updates the page in place.
+//
+// Plain JavaScript, no framework and no build step: the daemon serves this file as is.
+// Every value from the daemon goes into the page through textContent or an attribute,
+// never innerHTML, so backend names cannot inject markup.
+//
+// Hooks for tests and scripts (stable: tests/e2e/test_status_page.py relies on them):
+//   body[data-updated]        successful polls so far ("0" before the first)
+//   body[data-connection]     "connecting" | "live" | "disconnected"
+//   [data-field=connection]   the same, as text; [data-field=error] the last failure
+//   [data-field=instance|attached|uptime|conn_table|rebuilds|health_checks]  summary
+//   [data-vip="<vip name>"]   one card per VIP (name as in Status, "198.18.100.1:80/tcp")
+//     [data-field=table|encap|hash]                  table kind and size, encapsulation
+//     [data-field=all_down]                          warning banner (hidden unless all_down)
+//     [data-field=rate_packets|rate_bits|rate_new_flows]  per second between the last two
+//         polls; data-value holds the number ("" until two polls have been seen)
+//     [data-field=share_bar] > [data-segment="<backend address>"]  one segment per backend,
+//         width = its table share; data-value = the share (0..1)
+//     [data-field=legend] > [data-legend="<backend address>"]
+//     tr[data-backend="<backend address>"]  one row per backend, cells:
+//         [data-field=address|health|admin|weight|effective_weight|established|share]
+//         (health's title holds the check's detail; share's data-value the fraction)
+//         button[data-action="drain"|"enable"]  POSTs .../backends/<address>/<action>
+//   [data-field=drops|events] > li[data-drop|data-event="<name>"]  non-zero counters,
+//         data-value = the count
+"use strict";
+
+const API = "/api/v1";
+const POLL_MS = 1000;
+const POLL_TIMEOUT_MS = 2500;
+const TOKEN_KEY = "xdplb.token";
+const PALETTE = [
+  "#4e79a7", "#f28e2b", "#59a14f", "#e15759", "#76b7b2",
+  "#edc948", "#b07aa1", "#ff9da7", "#9c755f", "#bab0ac",
+];
+
+// ---- the bearer token -------------------------------------------------------------------
+// Opened as /?token=...: keep the token for this tab only and take it out of the address
+// bar at once, so it does not end up in the history, bookmarks or screenshots.
+function takeToken() {
+  let token = null;
+  try {
+    const url = new URL(window.location.href);
+    const given = url.searchParams.get("token");
+    if (given !== null) {
+      url.searchParams.delete("token");
+      window.history.replaceState(null, "", url.pathname + url.search + url.hash);
+      window.sessionStorage.setItem(TOKEN_KEY, given);
+    }
+    token = window.sessionStorage.getItem(TOKEN_KEY);
+  } catch (err) {
+    // sessionStorage can be unavailable (opaque origins): the token then lives in memory.
+  }
+  return token;
+}
+
+const TOKEN = takeToken();
+
+function headers() {
+  const h = { Accept: "application/json" };
+  if (TOKEN) h.Authorization = `Bearer ${TOKEN}`;
+  return h;
+}
+
+// ---- small DOM helpers ------------------------------------------------------------------
+function el(tag, attrs = {}, children = []) {
+  const node = document.createElement(tag);
+  for (const [k, v] of Object.entries(attrs)) {
+    if (k === "class") node.className = v;
+    else if (k === "text") node.textContent = v;
+    else node.setAttribute(k, v);
+  }
+  for (const c of children) node.append(c);
+  return node;
+}
+
+function field(root, name) {
+  return root.querySelector(`[data-field="${name}"]`);
+}
+
+function setText(node, text) {
+  if (node.textContent !== text) node.textContent = text;
+}
+
+function setAttr(node, name, value) {
+  if (node.getAttribute(name) !== value) node.setAttribute(name, value);
+}
+
+// CSS.escape: VIP names and addresses contain ":", "[" and "/".
+function byKey(root, attr, key) {
+  return root.querySelector(`[${attr}="${CSS.escape(key)}"]`);
+}
+
+// Put `nodes` in this order under `parent` and remove the other keyed children, moving a
+// node only when it is out of place (moving restarts its CSS transitions).
+function reconcile(parent, nodes) {
+  const keep = new Set(nodes);
+  for (const child of [...parent.children]) if (!keep.has(child)) child.remove();
+  nodes.forEach((node, i) => {
+    if (parent.children[i] !== node) parent.insertBefore(node, parent.children[i] || null);
+  });
+}
+
+// ---- formatting -------------------------------------------------------------------------
+function si(value, unit) {
+  const steps = [[1e9, "G"], [1e6, "M"], [1e3, "k"]];
+  for (const [size, prefix] of steps) {
+    if (Math.abs(value) >= size) return `${(value / size).toFixed(1)} ${prefix}${unit}`;
+  }
+  return `${value < 10 ? value.toFixed(1) : value.toFixed(0)} ${unit}`;
+}
+
+function duration(seconds) {
+  const s = Math.floor(seconds);
+  const d = Math.floor(s / 86400);
+  const h = Math.floor((s % 86400) / 3600);
+  const m = Math.floor((s % 3600) / 60);
+  if (d > 0) return `${d}d ${h}h ${m}m`;
+  if (h > 0) return `${h}h ${m}m`;
+  if (m > 0) return `${m}m ${s % 60}s`;
+  return `${s}s`;
+}
+
+function percent(fraction) {
+  return `${(fraction * 100).toFixed(1)} %`;
+}
+
+function count(n) {
+  return n === null || n === undefined ? "–" : n.toLocaleString("en-US");
+}
+
+// ---- VIP cards --------------------------------------------------------------------------
+// Per VIP: the counters of the previous poll (for rates) and a colour per backend that
+// stays with the backend while others come and go.
+const vipState = new Map();
+
+function vipMemo(name) {
+  let memo = vipState.get(name);
+  if (!memo) {
+    memo = { prev: null, colours: new Map() };
+    vipState.set(name, memo);
+  }
+  return memo;
+}
+
+function colourOf(memo, address) {
+  if (!memo.colours.has(address)) {
+    const used = new Set(memo.colours.values());
+    let i = 0;
+    while (used.has(i % PALETTE.length) && i < PALETTE.length) i += 1;
+    memo.colours.set(address, i % PALETTE.length);
+  }
+  return PALETTE[memo.colours.get(address)];
+}
+
+function newCard(name) {
+  const rate = (f, unit) =>
+    el("span", { class: "rate" }, [
+      el("b", { "data-field": f, "data-value": "", text: "–" }),
+      el("small", { text: unit }),
+    ]);
+  const headRow = el("tr", {}, [
+    el("th", { text: "backend" }),
+    el("th", { text: "health" }),
+    el("th", { text: "admin" }),
+    el("th", { class: "num", text: "weight" }),
+    el("th", { class: "num", text: "effective" }),
+    el("th", { class: "num", text: "established" }),
+    el("th", { class: "num", text: "share" }),
+    el("th", {}),
+  ]);
+  return el("article", { class: "vip", "data-vip": name }, [
+    el("div", { class: "vip-head" }, [
+      el("h2", { "data-field": "name", text: name }),
+      el("span", { class: "tag", "data-field": "table" }),
+      el("span", { class: "tag", "data-field": "encap" }),
+      el("span", { class: "tag", "data-field": "hash" }),
+      el("div", { class: "rates" }, [
+        rate("rate_packets", "pkt/s"),
+        rate("rate_bits", "bit/s"),
+        rate("rate_new_flows", "new conn/s"),
+      ]),
+    ]),
+    el("div", { class: "banner", "data-field": "all_down", hidden: "" }, [
+      "Every backend is down: the VIP keeps its last table rather than dropping traffic.",
+    ]),
+    el("div", { class: "share" }, [
+      el("div", { class: "sharebar", "data-field": "share_bar" }),
+      el("ul", { class: "legend", "data-field": "legend" }),
+    ]),
+    el("table", { class: "backends" }, [el("thead", {}, [headRow]), el("tbody")]),
+  ]);
+}
+
+function newRow(vip, address) {
+  const button = el("button", { type: "button", "data-action": "drain", text: "drain" });
+  button.addEventListener("click", () => act(vip, address, button));
+  return el("tr", { "data-backend": address }, [
+    el("td", {}, [el("span", { class: "swatch" }), el("span", { "data-field": "address" })]),
+    el("td", {}, [el("span", { class: "pill", "data-field": "health" })]),
+    el("td", {}, [el("span", { class: "pill", "data-field": "admin" })]),
+    el("td", { class: "num", "data-field": "weight" }),
+    el("td", { class: "num", "data-field": "effective_weight" }),
+    el("td", { class: "num", "data-field": "established" }),
+    el("td", { class: "num", "data-field": "share" }),
+    el("td", { class: "action" }, [button]),
+  ]);
+}
+
+function setAdmin(row, admin) {
+  const cell = field(row, "admin");
+  setText(cell, admin);
+  setAttr(cell, "class", `pill admin-${admin}`);
+  setAttr(row, "class", `row-health-${row.dataset.health || "up"} row-admin-${admin}`);
+  const button = row.querySelector("button[data-action]");
+  const action = admin === "enabled" ? "drain" : "enable";
+  setAttr(button, "data-action", action);
+  setText(button, action);
+}
+
+function renderRates(card, vip, uptime) {
+  const memo = vipMemo(vip.name);
+  const now = { packets: vip.packets, bytes: vip.bytes, new_flows: vip.new_flows, t: uptime };
+  const prev = memo.prev;
+  memo.prev = now;
+  const show = (f, value, unit) => {
+    const node = field(card, f);
+    setAttr(node, "data-value", value === null ? "" : String(value));
+    const text = value === null ? `– ${unit}` : si(value, unit);
+    const cut = text.indexOf(" ");
+    setText(node, text.slice(0, cut));
+    setText(node.nextElementSibling, text.slice(cut + 1));
+  };
+  const dt = prev ? now.t - prev.t : 0;
+  // A restarted daemon (uptime went back) or reset counters: wait for the next poll.
+  const ok =
+    prev && dt > 0 && ["packets", "bytes", "new_flows"].every((k) => now[k] >= prev[k]);
+  show("rate_packets", ok ? (now.packets - prev.packets) / dt : null, "pkt/s");
+  show("rate_bits", ok ? ((now.bytes - prev.bytes) * 8) / dt : null, "bit/s");
+  show("rate_new_flows", ok ? (now.new_flows - prev.new_flows) / dt : null, "new conn/s");
+}
+
+function renderShare(card, vip) {
+  const memo = vipMemo(vip.name);
+  const bar = field(card, "share_bar");
+  const legend = field(card, "legend");
+  const segments = [];
+  const items = [];
+  for (const b of vip.backends) {
+    const colour = colourOf(memo, b.address);
+    let seg = byKey(bar, "data-segment", b.address);
+    if (!seg) seg = el("div", { class: "segment", "data-segment": b.address });
+    seg.style.width = `${b.table_share * 100}%`;
+    seg.style.background = colour;
+    setAttr(seg, "data-value", String(b.table_share));
+    setAttr(seg, "title", `${b.address}: ${percent(b.table_share)} of the table`);
+    segments.push(seg);
+
+    let item = byKey(legend, "data-legend", b.address);
+    if (!item) {
+      item = el("li", { "data-legend": b.address }, [
+        el("span", { class: "swatch" }),
+        el("span", { class: "addr" }),
+        el("span", { class: "pct" }),
+      ]);
+    }
+    item.querySelector(".swatch").style.background = colour;
+    setText(item.querySelector(".addr"), b.address);
+    setText(item.querySelector(".pct"), percent(b.table_share));
+    items.push(item);
+  }
+  reconcile(bar, segments);
+  reconcile(legend, items);
+  bar.classList.toggle("empty", vip.backends.every((b) => b.table_share === 0));
+}
+
+function renderBackends(card, vip) {
+  const memo = vipMemo(vip.name);
+  const tbody = card.querySelector("tbody");
+  const rows = [];
+  for (const b of vip.backends) {
+    let row = byKey(tbody, "data-backend", b.address);
+    if (!row) row = newRow(vip, b.address);
+    row.querySelector(".swatch").style.background = colourOf(memo, b.address);
+    setText(field(row, "address"), b.address);
+
+    row.dataset.health = b.health;
+    const health = field(row, "health");
+    setText(health, b.health);
+    setAttr(health, "class", `pill health-${b.health}`);
+    const since =
+      b.health_changed_ago === null ? "" : ` (for ${duration(b.health_changed_ago)})`;
+    setAttr(health, "title", `${b.health_detail || "no check configured"}${since}`);
+
+    setAdmin(row, b.admin);
+    setText(field(row, "weight"), String(b.weight));
+    const eff = field(row, "effective_weight");
+    setText(eff, String(b.effective_weight));
+    eff.classList.toggle("differs", b.effective_weight !== b.weight);
+    setText(field(row, "established"), count(b.established));
+    const share = field(row, "share");
+    setText(share, percent(b.table_share));
+    setAttr(share, "data-value", String(b.table_share));
+    rows.push(row);
+  }
+  reconcile(tbody, rows);
+}
+
+function renderVip(vip, uptime) {
+  const main = field(document, "vips");
+  let card = byKey(main, "data-vip", vip.name);
+  if (!card) card = newCard(vip.name);
+  setText(field(card, "table"), `${vip.table} · ${vip.table_size.toLocaleString("en-US")}`);
+  setText(field(card, "encap"), vip.encap);
+  setText(field(card, "hash"), `hash ${vip.hash}`);
+  field(card, "all_down").hidden = !vip.all_down;
+  card.classList.toggle("all-down", vip.all_down);
+  renderRates(card, vip, uptime);
+  renderShare(card, vip);
+  renderBackends(card, vip);
+  return card;
+}
+
+// ---- the rest of the page ---------------------------------------------------------------
+function renderCounters(name, attr, counters) {
+  const list = field(document, name);
+  const items = Object.entries(counters)
+    .filter(([, n]) => n > 0)
+    .sort(([a], [b]) => a.localeCompare(b))
+    .map(([key, n]) => {
+      const item = byKey(list, attr, key) || el("li", { [attr]: key }, [
+        el("span", { class: "key", text: key }),
+        el("span", { class: "num" }),
+      ]);
+      setAttr(item, "data-value", String(n));
+      setText(item.querySelector(".num"), count(n));
+      return item;
+    });
+  if (items.length === 0) {
+    const none = list.querySelector("li.none") || el("li", { class: "none muted", text: "none" });
+    items.push(none);
+  }
+  reconcile(list, items);
+}
+
+function render(status) {
+  setText(field(document, "instance"), status.instance);
+  document.title = `xdplb ${status.instance}`;
+  setText(field(document, "attached"), status.attached.join(", ") || "none");
+  setText(field(document, "uptime"), duration(status.uptime));
+  const ct = status.conn_table;
+  const fill = ct.capacity > 0 ? ct.used / ct.capacity : 0;
+  setText(field(document, "conn_table"), `${count(ct.used)} / ${count(ct.capacity)} (${percent(fill)})`);
+  field(document, "conn_table_meter").style.width = `${Math.min(fill, 1) * 100}%`;
+  const last = status.last_rebuild_ms === null ? "" : ` (last ${status.last_rebuild_ms.toFixed(1)} ms)`;
+  setText(field(document, "rebuilds"), `${count(status.rebuilds)}${last}`);
+  setText(field(document, "health_checks"), count(status.health_checks));
+  field(document, "runtime_changes").hidden = !status.runtime_changes;
+
+  const seen = new Set(status.vips.map((v) => v.name));
+  for (const name of [...vipState.keys()]) if (!seen.has(name)) vipState.delete(name);
+  reconcile(field(document, "vips"), status.vips.map((v) => renderVip(v, status.uptime)));
+  renderCounters("drops", "data-drop", status.drops);
+  renderCounters("events", "data-event", status.events);
+}
+
+// ---- polling and actions ----------------------------------------------------------------
+let polls = 0;
+let timer = null;
+let inFlight = false;
+let again = false;
+let errorTimer = null;
+let errorFromPoll = false;
+
+// A failed action's message stays 8 s; a failed poll's until the next poll succeeds.
+function showError(message, fromPoll = false) {
+  const node = field(document, "error");
+  setText(node, message);
+  node.hidden = false;
+  errorFromPoll = fromPoll;
+  clearTimeout(errorTimer);
+  if (!fromPoll) errorTimer = setTimeout(() => (node.hidden = true), 8000);
+}
+
+function clearPollError() {
+  if (errorFromPoll) field(document, "error").hidden = true;
+  errorFromPoll = false;
+}
+
+function setConnection(state) {
+  document.body.dataset.connection = state;
+  setText(field(document, "connection"), state);
+}
+
+async function fetchJson(url, init = {}) {
+  const ctrl = new AbortController();
+  const abort = setTimeout(() => ctrl.abort(), POLL_TIMEOUT_MS);
+  try {
+    const resp = await fetch(url, {
+      cache: "no-store",
+      ...init,
+      headers: headers(),
+      signal: ctrl.signal,
+    });
+    if (!resp.ok) {
+      let detail = "";
+      try {
+        const body = await resp.json();
+        detail = typeof body.detail === "string" ? `: ${body.detail}` : "";
+      } catch (err) {
+        // Not JSON: the status code says enough.
+      }
+      const hint = resp.status === 401 || resp.status === 403 ? " (open the page with ?token=...)" : "";
+      throw new Error(`HTTP ${resp.status}${detail}${hint}`);
+    }
+    return await resp.json();
+  } catch (err) {
+    if (err.name === "AbortError") throw new Error(`no answer within ${POLL_TIMEOUT_MS} ms`);
+    throw err;
+  } finally {
+    clearTimeout(abort);
+  }
+}
+
+async function poll() {
+  clearTimeout(timer);
+  if (inFlight) {
+    again = true;
+    return;
+  }
+  inFlight = true;
+  const started = performance.now();
+  try {
+    const status = await fetchJson(`${API}/status`);
+    render(status);
+    polls += 1;
+    document.body.dataset.updated = String(polls);
+    setConnection("live");
+    clearPollError();
+    setText(field(document, "last_update"), `· updated ${new Date().toLocaleTimeString()}`);
+  } catch (err) {
+    setConnection("disconnected");
+    showError(`status: ${err.message}`, true);
+  } finally {
+    inFlight = false;
+    if (again) {
+      again = false;
+      timer = setTimeout(poll, 0);
+    } else {
+      timer = setTimeout(poll, Math.max(0, POLL_MS - (performance.now() - started)));
+    }
+  }
+}
+
+async function act(vip, address, button) {
+  const action = button.dataset.action;
+  const path = [
+    "vips",
+    encodeURIComponent(vip.address),
+    String(vip.port),
+    encodeURIComponent(vip.protocol),
+    "backends",
+    encodeURIComponent(address),
+    action,
+  ].join("/");
+  button.disabled = true;
+  try {
+    const result = await fetchJson(`${API}/${path}`, { method: "POST" });
+    const row = button.closest("tr");
+    if (row && result && typeof result.admin === "string") setAdmin(row, result.admin);
+  } catch (err) {
+    showError(`${action} ${address} on ${vip.name}: ${err.message}`);
+  } finally {
+    button.disabled = false;
+    poll();
+  }
+}
+
+poll();
