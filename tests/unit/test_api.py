@@ -273,8 +273,10 @@ def test_token(fake: FakeController) -> None:
             r = c.get(path, headers={"Authorization": f"Basic {TOKEN}"})
             assert r.status_code == 401
             assert c.get(path, headers=AUTH).status_code == 200
-        # A change without the token changes nothing.
+        # A change without the token changes nothing, and bad input is not even looked at.
         assert c.patch(BE, json={"weight": 9}).status_code == 401
+        assert c.patch(BE, json={"weight": 70000}).status_code == 401
+        assert c.get("/api/v1/vips/bad/99999/x").status_code == 401
         assert fake.cfg.vips[0].backends[0].weight == 2
         # What holds no data of the instance needs none.
         r = c.get("/")
