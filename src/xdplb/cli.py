@@ -2,13 +2,21 @@
 
 Exit codes (documented in the README):
   0  success
-  1  runtime failure (kernel or BPF error, daemon did not stop in time)
-  2  invalid configuration or usage
+  1  runtime failure (kernel or BPF error, daemon did not stop in time, the API answered
+     5xx or could not be reached, a drain did not finish within --timeout)
+  2  invalid configuration or usage (also: the API refused the request, 4xx)
   3  the instance is not running / has nothing pinned
+
+The commands that change a running instance (``vip``, ``backend``) and ``status`` talk to
+the daemon's HTTP API (:mod:`xdplb.client`): its unix socket
+``/run/xdplb/<instance>.api.sock`` by default, or ``--api http://host:port`` with
+``--token`` (or ``XDPLB_API``, ``XDPLB_TOKEN``). Changes are runtime-only unless
+``--persist`` writes them to the configuration file.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
@@ -16,6 +24,7 @@ import signal
 import socket
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -24,7 +33,26 @@ from rich.console import Console
 from rich.table import Table
 
 from xdplb import abi, paths
-from xdplb.config import load_config
+from xdplb.client import (
+    ApiError,
+    Client,
+    DrainTimeout,
+    NotRunning,
+    Unreachable,
+    parse_backend,
+    parse_vip,
+)
+from xdplb.config import (
+    BackendConfig,
+    EncapKind,
+    HashFields,
+    TableKindName,
+    VipConfig,
+    load_config,
+    parse_config,
+)
+from xdplb.config import Protocol as L4Protocol
+from xdplb.control import ChangeResult, DrainStatus, IPAddress, Status, VipRef, VipStatus
 from xdplb.errors import ConfigError, XdplbError
 
 EXIT_OK, EXIT_RUNTIME, EXIT_CONFIG, EXIT_NOT_RUNNING = 0, 1, 2, 3
@@ -38,6 +66,24 @@ err = Console(stderr=True)
 ConfigOpt = Annotated[Path, typer.Option("--config", "-c", help="YAML configuration file")]
 InstanceOpt = Annotated[
     str | None, typer.Option("--instance", "-i", help="instance name (default: from -c)")
+]
+OptConfigOpt = Annotated[
+    Path | None, typer.Option("--config", "-c", help="YAML file (for the instance name)")
+]
+ApiOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--api",
+        envvar="XDPLB_API",
+        help="the daemon's API URL, e.g. http://198.18.0.2:9100 "
+        "(default: the unix socket /run/xdplb/<instance>.api.sock)",
+    ),
+]
+TokenOpt = Annotated[
+    str | None, typer.Option("--token", envvar="XDPLB_TOKEN", help="bearer token of the API")
+]
+PersistOpt = Annotated[
+    bool, typer.Option("--persist", help="also write the change to the configuration file")
 ]
 
 
@@ -180,9 +226,27 @@ def status(
     config: Annotated[Path | None, typer.Option("--config", "-c")] = None,
     instance: InstanceOpt = None,
     as_json: Annotated[bool, typer.Option("--json", help="machine-readable output")] = False,
+    api: ApiOpt = None,
+    token: TokenOpt = None,
 ) -> None:
-    """VIPs, backends and counters of a running instance."""
+    """VIPs, backends and counters of a running instance: from the daemon's API (health,
+    drain state, weights, shares, established connections), or read from the pins when
+    the daemon does not answer. --json prints the API's Status object, or, from the
+    pins, the older format (``vips``, ``backends``, ``connections``)."""
     name = _instance(config, instance)
+    try:
+        with Client(name, api=api, token=token) as client:
+            st = client.status()
+    except (NotRunning, Unreachable):
+        pass  # read what the pins say
+    except ApiError as e:
+        _api_failed(e)
+    else:
+        if as_json:
+            sys.stdout.write(st.model_dump_json(indent=2) + "\n")
+        else:
+            _print_status(st)
+        return
     try:
         data = _status_data(name)
     except FileNotFoundError as e:
@@ -240,6 +304,314 @@ def status(
     for k, n in data["drops"].items():
         ct.add_row(f"drop: {k}", str(n), style="red" if n else None)
     console.print(ct)
+
+
+def _api_failed(e: ApiError) -> None:
+    where = f" (field {e.field})" if e.field else ""
+    typer.echo(f"error {e.status}: {e.error}{where}", err=True)
+    raise typer.Exit(EXIT_CONFIG if 400 <= e.status < 500 else EXIT_RUNTIME)
+
+
+@contextlib.contextmanager
+def _api(
+    config: Path | None, instance: str | None, api: str | None, token: str | None
+) -> Iterator[Client]:
+    """A client of the instance's daemon; its failures become the documented exits."""
+    name = _instance(config, instance) if api is None else (instance or "default")
+    try:
+        with Client(name, api=api, token=token) as client:
+            yield client
+    except NotRunning as e:
+        typer.echo(f"instance {name} is not running: {e}", err=True)
+        raise typer.Exit(EXIT_NOT_RUNNING) from None
+    except Unreachable as e:
+        typer.echo(str(e), err=True)
+        raise typer.Exit(EXIT_RUNTIME) from None
+    except ApiError as e:
+        _api_failed(e)
+
+
+def _vip_config(data: dict[str, Any]) -> VipConfig:
+    """A VIP validated by the configuration's own rules, before any request is sent."""
+    try:
+        return parse_config({"vips": [data]}).vips[0]
+    except ConfigError as e:
+        where = f" (field {e.field.removeprefix('vips[0]').lstrip('.')})" if e.field else ""
+        typer.echo(f"invalid VIP: {e.message}{where}", err=True)
+        raise typer.Exit(EXIT_CONFIG) from None
+
+
+def _vip_arg(text: str) -> VipRef:
+    try:
+        return parse_vip(text)
+    except ValueError as e:
+        typer.echo(f"invalid VIP: {e}", err=True)
+        raise typer.Exit(EXIT_CONFIG) from None
+
+
+def _address_arg(text: str, what: str) -> IPAddress:
+    try:
+        return parse_backend(text)
+    except ValueError as e:
+        typer.echo(f"invalid {what}: {e}", err=True)
+        raise typer.Exit(EXIT_CONFIG) from None
+
+
+def _backend_arg(text: str) -> IPAddress:
+    return _address_arg(text, "backend")
+
+
+def _changed(what: str, r: ChangeResult) -> None:
+    where = (
+        "written to the configuration file"
+        if r.persisted
+        else "runtime only (--persist writes the file)"
+    )
+    typer.echo(f"{what}: {r.operations} map operations, {where}")
+
+
+def _host(address: str) -> str:
+    return f"[{address}]" if ":" in address else address
+
+
+def _vip_lines(vips: list[VipStatus], counters: bool) -> Iterator[str]:
+    """``ipvsadm -L -n``-like: a line per VIP, an indented line per backend."""
+    yield "Prot LocalAddress:Port Table"
+    yield "  -> RemoteAddress:Port  Forward  Weight  Effective  Health  Admin  ActiveConn  Share"
+    for v in vips:
+        line = f"{v.protocol.upper():<4} {_host(v.address)}:{v.port} {v.table}"
+        if counters:
+            line += f"  {v.hash}  packets {v.packets}  bytes {v.bytes}  new {v.new_flows}"
+        if v.all_down:
+            line += "  ALL BACKENDS DOWN (last table kept)"
+        yield line
+        ends = [f"{_host(b.address)}:{v.port}" for b in v.backends]
+        width = max(map(len, ends), default=0)
+        for b, end in zip(v.backends, ends, strict=True):
+            est = "-" if b.established is None else str(b.established)
+            line = (
+                f"  -> {end:<{width}}  Tunnel({v.encap})  weight {b.weight}  "
+                f"eff {b.effective_weight}  {b.health}  {b.admin}  ActiveConn {est}  "
+                f"share {b.table_share:.1%}"
+            )
+            if counters:
+                line += f"  packets {b.packets}  bytes {b.bytes}  new {b.new_flows}"
+                if b.health_detail:
+                    line += f"  ({b.health_detail})"
+            yield line
+
+
+def _print_status(st: Status) -> None:
+    mins, secs = divmod(int(st.uptime), 60)
+    typer.echo(
+        f"instance {st.instance} ({st.config_path}), attached to "
+        f"{', '.join(st.attached) or 'nothing'}, up {mins}m{secs:02d}s"
+        + ("; RUNTIME CHANGES NOT PERSISTED" if st.runtime_changes else "")
+    )
+    last = "" if st.last_rebuild_ms is None else f" (last {st.last_rebuild_ms:.1f} ms)"
+    typer.echo(
+        f"connection table {st.conn_table.used} of {st.conn_table.capacity} entries; "
+        f"{st.rebuilds} rebuilds{last}; {st.health_checks} health checks"
+    )
+    for line in _vip_lines(st.vips, counters=True):
+        typer.echo(line)
+    typer.echo("events: " + ("  ".join(f"{k} {n}" for k, n in st.events.items()) or "none"))
+    typer.echo("drops: " + ("  ".join(f"{k} {n}" for k, n in st.drops.items()) or "none"))
+
+
+vip_app = typer.Typer(no_args_is_help=True, help="VIPs of a running instance (through its API).")
+app.add_typer(vip_app, name="vip")
+
+
+@vip_app.command("list")
+def vip_list(
+    config: OptConfigOpt = None,
+    instance: InstanceOpt = None,
+    api: ApiOpt = None,
+    token: TokenOpt = None,
+    as_json: Annotated[bool, typer.Option("--json", help="machine-readable output")] = False,
+) -> None:
+    """Every VIP and its backends, like ``ipvsadm -L -n``."""
+    with _api(config, instance, api, token) as client:
+        vips = client.vips()
+    if as_json:
+        sys.stdout.write(json.dumps([v.model_dump(mode="json") for v in vips], indent=2) + "\n")
+        return
+    for line in _vip_lines(vips, counters=False):
+        typer.echo(line)
+
+
+app.command("list", help="Same as `xdplb vip list`.")(vip_list)
+
+
+@vip_app.command("add")
+def vip_add(
+    address: Annotated[str, typer.Argument(help="VIP address")],
+    port: Annotated[int, typer.Argument(min=0, max=65535, help="0: every port")],
+    protocol: Annotated[L4Protocol, typer.Argument()] = L4Protocol.TCP,
+    encap: Annotated[EncapKind, typer.Option()] = EncapKind.GUE,
+    table: Annotated[TableKindName, typer.Option()] = TableKindName.MAGLEV,
+    hash_: Annotated[HashFields, typer.Option("--hash")] = HashFields.FIVE_TUPLE,
+    table_size: Annotated[int | None, typer.Option(help="buckets (default: global)")] = None,
+    persist: PersistOpt = False,
+    config: OptConfigOpt = None,
+    instance: InstanceOpt = None,
+    api: ApiOpt = None,
+    token: TokenOpt = None,
+) -> None:
+    """Add a VIP without backends (``xdplb backend add`` gives it some)."""
+    vip = _vip_config(
+        {
+            "address": _address_arg(address, "VIP"),
+            "port": port,
+            "protocol": protocol,
+            "encap": encap,
+            "table": table,
+            "hash": hash_,
+            "table_size": table_size,
+        }
+    )
+    with _api(config, instance, api, token) as client:
+        _changed(f"added VIP {vip.name}", client.add_vip(vip, persist=persist))
+
+
+@vip_app.command("del")
+def vip_del(
+    address: Annotated[str, typer.Argument(help="VIP address")],
+    port: Annotated[int, typer.Argument(min=0, max=65535)],
+    protocol: Annotated[L4Protocol, typer.Argument()] = L4Protocol.TCP,
+    persist: PersistOpt = False,
+    config: OptConfigOpt = None,
+    instance: InstanceOpt = None,
+    api: ApiOpt = None,
+    token: TokenOpt = None,
+) -> None:
+    """Remove a VIP (its connections are cut: drain its backends first)."""
+    ref = VipRef(address=_address_arg(address, "VIP"), port=port, protocol=protocol)
+    with _api(config, instance, api, token) as client:
+        _changed(f"removed VIP {ref.name}", client.delete_vip(ref, persist=persist))
+
+
+backend_app = typer.Typer(
+    no_args_is_help=True, help="Backends of a VIP of a running instance (through its API)."
+)
+app.add_typer(backend_app, name="backend")
+VipArg = Annotated[str, typer.Argument(help="ADDRESS:PORT[/PROTOCOL], e.g. 198.18.100.1:80/tcp")]
+BackendArg = Annotated[str, typer.Argument(help="backend address")]
+
+
+@backend_app.command("add")
+def backend_add(
+    vip: VipArg,
+    backend: BackendArg,
+    weight: Annotated[int, typer.Option(min=0, max=65535)] = 1,
+    persist: PersistOpt = False,
+    config: OptConfigOpt = None,
+    instance: InstanceOpt = None,
+    api: ApiOpt = None,
+    token: TokenOpt = None,
+) -> None:
+    """Add a backend to a VIP (or set its weight if the VIP has it)."""
+    ref, addr = _vip_arg(vip), _backend_arg(backend)
+    with _api(config, instance, api, token) as client:
+        r = client.put_backend(ref, BackendConfig(address=addr, weight=weight), persist=persist)
+        _changed(f"backend {addr} of {ref.name}, weight {weight}", r)
+
+
+@backend_app.command("del")
+def backend_del(
+    vip: VipArg,
+    backend: BackendArg,
+    persist: PersistOpt = False,
+    config: OptConfigOpt = None,
+    instance: InstanceOpt = None,
+    api: ApiOpt = None,
+    token: TokenOpt = None,
+) -> None:
+    """Remove a backend from a VIP at once (``backend drain`` first keeps its connections)."""
+    ref, addr = _vip_arg(vip), _backend_arg(backend)
+    with _api(config, instance, api, token) as client:
+        _changed(
+            f"removed backend {addr} of {ref.name}",
+            client.delete_backend(ref, addr, persist=persist),
+        )
+
+
+@backend_app.command("weight")
+def backend_weight(
+    vip: VipArg,
+    backend: BackendArg,
+    weight: Annotated[int, typer.Argument(min=0, max=65535)],
+    persist: PersistOpt = False,
+    config: OptConfigOpt = None,
+    instance: InstanceOpt = None,
+    api: ApiOpt = None,
+    token: TokenOpt = None,
+) -> None:
+    """Set a backend's weight (0: out of the table, still configured)."""
+    ref, addr = _vip_arg(vip), _backend_arg(backend)
+    with _api(config, instance, api, token) as client:
+        r = client.set_weight(ref, addr, weight, persist=persist)
+        _changed(f"backend {addr} of {ref.name}, weight {weight}", r)
+
+
+def _drain_line(d: DrainStatus) -> str:
+    if d.established is None:
+        est = "established connections unknown (no agent report yet)"
+    else:
+        est = f"{d.established} established"
+    return f"backend {d.backend} of {d.vip}: {d.admin}, {est}"
+
+
+@backend_app.command("drain")
+def backend_drain(
+    vip: VipArg,
+    backend: BackendArg,
+    wait: Annotated[bool, typer.Option(help="return once no connection is left")] = False,
+    timeout: Annotated[float, typer.Option(min=0, help="seconds --wait waits")] = 60.0,
+    config: OptConfigOpt = None,
+    instance: InstanceOpt = None,
+    api: ApiOpt = None,
+    token: TokenOpt = None,
+) -> None:
+    """No new connections to the backend for this VIP; established ones continue. With
+    --wait, poll every 0.1 s until its agent reports none left (exit 0, printing how long
+    it took) or --timeout passes (exit 1)."""
+    ref, addr = _vip_arg(vip), _backend_arg(backend)
+    with _api(config, instance, api, token) as client:
+        start = time.monotonic()
+        typer.echo(_drain_line(client.drain(ref, addr)))
+        if not wait:
+            return
+        try:
+            client.wait_drained(ref, addr, timeout=max(0.0, timeout - (time.monotonic() - start)))
+        except DrainTimeout as e:
+            typer.echo(_drain_line(e.last), err=True)
+            if e.last.done is None:
+                typer.echo(
+                    f"no agent reports for backend {addr}: cannot tell whether its "
+                    f"connections are gone (waited {timeout:g} s)",
+                    err=True,
+                )
+            else:
+                typer.echo(f"backend {addr} not drained after {timeout:g} s", err=True)
+            raise typer.Exit(EXIT_RUNTIME) from None
+        typer.echo(f"backend {addr} of {ref.name} drained in {time.monotonic() - start:.2f} s")
+
+
+@backend_app.command("enable")
+def backend_enable(
+    vip: VipArg,
+    backend: BackendArg,
+    config: OptConfigOpt = None,
+    instance: InstanceOpt = None,
+    api: ApiOpt = None,
+    token: TokenOpt = None,
+) -> None:
+    """Undo a drain: the backend takes new connections again."""
+    ref, addr = _vip_arg(vip), _backend_arg(backend)
+    with _api(config, instance, api, token) as client:
+        typer.echo(_drain_line(client.enable(ref, addr)))
 
 
 host_app = typer.Typer(no_args_is_help=True, help="host_tc on a backend host.")

@@ -1,0 +1,518 @@
+"""The daemon's HTTP API (FastAPI), its Prometheus metrics and its status page.
+
+Every handler is ``async``, so it runs on the daemon's event loop, never in a thread
+pool, and calls the :class:`~xdplb.control.Controller` synchronously: controller calls
+are quick and the daemon's state needs no lock.
+
+Changes to VIPs and backends are made here, not in the daemon: take the running
+configuration, build the new one (re-validated through :func:`parse_config`, so the
+cross-field checks run), and hand it whole to ``ctl.replace_config``. ``persist``
+(default false) also writes it to the file; otherwise ``Status.runtime_changes`` says
+the running configuration differs from the file.
+
+Errors are all ``{"error": message, "field": dotted path or ""}``:
+
+- 400: malformed path or query (``/vips/not-an-ip/80/tcp``, ``port`` 70000);
+- 401: missing or wrong bearer token (with ``WWW-Authenticate: Bearer``);
+- 404: unknown VIP, backend or route; 405: method not allowed; 409: the VIP exists;
+- 422: the body does not validate, or the controller refused the change
+  (:class:`~xdplb.errors.ConfigError`); ``field`` is the dotted path (``weight``,
+  ``backends[1].weight``; a refused configuration names it in the whole configuration,
+  ``vips[2].backends[0].address``);
+- 500: a bug; logged with its traceback, answered with a generic message.
+
+With a token, every route needs ``Authorization: Bearer <token>``, /metrics included
+(Prometheus sends it with ``authorization: {credentials: ...}``), except three that
+hold no data of the instance: the status page ``/`` and its ``/static`` files (the
+page asks for the token and then calls the API with it), and ``/openapi.json`` (the
+same document as the published ``docs/openapi.json``).
+
+``python -m xdplb.api --openapi > docs/openapi.json`` writes the specification.
+"""
+
+from __future__ import annotations
+
+import hmac
+import ipaddress
+import json
+import logging
+import sys
+from collections.abc import Callable, Sequence
+from pathlib import Path as FsPath
+from typing import Annotated, Any, NoReturn, TypeVar
+
+from fastapi import APIRouter, Depends, FastAPI, Path, Query, Request, Security
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import FileResponse, JSONResponse, Response
+from fastapi.routing import APIRoute
+from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
+from fastapi.staticfiles import StaticFiles
+from prometheus_client import CONTENT_TYPE_LATEST
+from pydantic import BaseModel, ConfigDict, Field
+from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.routing import BaseRoute, Match
+
+from xdplb.config import BackendConfig, Config, VipConfig, parse_config
+from xdplb.config import Protocol as L4Protocol
+from xdplb.control import (
+    BackendStatus,
+    ChangeResult,
+    Controller,
+    DrainStatus,
+    IPAddress,
+    Status,
+    VipRef,
+    VipStatus,
+)
+from xdplb.errors import ConfigError
+from xdplb.metrics import Metrics
+
+log = logging.getLogger("xdplb.api")
+
+API_VERSION = "1"
+PREFIX = "/api/v1"
+#: The status page and its files (written by the web front end).
+WEB_DIR = FsPath(__file__).resolve().parent / "web"
+
+T = TypeVar("T")
+
+#: auto_error=False: a missing token is answered by ``auth`` (401 with our error body).
+_bearer = HTTPBearer(auto_error=False, description="Required when the daemon is given a token")
+
+
+class ErrorBody(BaseModel):
+    """Every error the API answers."""
+
+    model_config = ConfigDict(frozen=True)
+
+    error: str
+    """What went wrong, for a human."""
+    field: str
+    """Dotted path of the culprit (``backends[1].weight``), empty if none."""
+
+
+class WeightChange(BaseModel):
+    """Body of PATCH .../backends/{backend}."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    weight: Annotated[int, Field(ge=0, le=65535)]
+
+
+class ApiError(Exception):
+    """An answer other than 2xx, raised anywhere in a handler."""
+
+    def __init__(self, status: int, error: str, field: str = "") -> None:
+        super().__init__(error)
+        self.status = status
+        self.error = error
+        self.field = field
+
+
+_ERRORS: dict[int | str, dict[str, Any]] = {
+    code: {"model": ErrorBody, "description": text}
+    for code, text in (
+        (400, "Malformed path or query"),
+        (401, "Missing or wrong bearer token"),
+        (404, "Unknown VIP, backend or route"),
+        (422, "The body does not validate, or the change was refused"),
+        (500, "Internal error (logged)"),
+    )
+}
+_CONFLICT: dict[int | str, dict[str, Any]] = {
+    409: {"model": ErrorBody, "description": "The VIP exists"}
+}
+
+# Path parameters: typed in the schema; a value that does not parse is a 400.
+AddressP = Annotated[
+    IPAddress,
+    Path(description="VIP address (IPv4 or IPv6, not bracketed)", examples=["198.18.100.1"]),
+]
+PortP = Annotated[int, Path(ge=0, le=65535, description="VIP port (0: every port)", examples=[80])]
+ProtocolP = Annotated[L4Protocol, Path(description="tcp or udp", examples=["tcp"])]
+BackendP = Annotated[
+    IPAddress, Path(description="backend address (IPv4 or IPv6)", examples=["198.18.0.11"])
+]
+PersistQ = Annotated[bool, Query(description="also write the change to the configuration file")]
+
+
+def _is(text: str, addr: IPAddress) -> bool:
+    """Whether an address the status reports (a string) is ``addr``."""
+    try:
+        return ipaddress.ip_address(text) == addr
+    except ValueError:
+        return False
+
+
+def _vip_ref(address: IPAddress, port: int, protocol: L4Protocol) -> VipRef:
+    return VipRef(address=address, port=port, protocol=protocol)
+
+
+def _guard(fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
+    """Call the controller: a refusal becomes a 422, a KeyError a 404, anything else a
+    logged 500 (never a traceback to the client)."""
+    try:
+        return fn(*args, **kwargs)
+    except ApiError:
+        raise
+    except ConfigError as e:
+        raise ApiError(422, e.message, e.field) from None
+    except KeyError as e:
+        raise ApiError(404, str(e.args[0]) if e.args else "not found") from None
+    except Exception:
+        log.exception("controller call %s failed", getattr(fn, "__name__", fn))
+        raise ApiError(500, "internal error (see the daemon's log)") from None
+
+
+def _vip_index(cfg: Config, ref: VipRef) -> int:
+    key = (ref.address, ref.port, ref.protocol)
+    for i, vip in enumerate(cfg.vips):
+        if vip.key == key:
+            return i
+    raise ApiError(404, f"no VIP {ref.name}")
+
+
+def _backend_index(vip: VipConfig, addr: IPAddress) -> int:
+    for i, b in enumerate(vip.backends):
+        if b.address == addr:
+            return i
+    raise ApiError(404, f"no backend {addr} in VIP {vip.name}")
+
+
+def _with_vips(cfg: Config, vips: Sequence[VipConfig]) -> Config:
+    """``cfg`` with other VIPs, validated whole (ConfigError: 422 naming the field)."""
+    data = cfg.model_dump(mode="json")
+    data["vips"] = [v.model_dump(mode="json") for v in vips]
+    try:
+        return parse_config(data)
+    except ConfigError as e:
+        raise ApiError(422, e.message, e.field) from None
+
+
+def _with_backends(vip: VipConfig, backends: Sequence[BackendConfig]) -> VipConfig:
+    return vip.model_copy(update={"backends": list(backends)})
+
+
+def _dotted(loc: Sequence[int | str]) -> str:
+    out = ""
+    for part in loc:
+        if isinstance(part, int):
+            out += f"[{part}]"
+        elif "[" in part or part.startswith("function-"):
+            continue  # pydantic's validator names (union members, wrappers)
+        else:
+            out += f".{part}" if out else part
+    return out
+
+
+def _validation_error(exc: RequestValidationError) -> ApiError:
+    errs = list(exc.errors())
+    if not errs:
+        return ApiError(422, "invalid request")
+    first = errs[0]
+    where, *rest = first.get("loc", ("body",))
+    field = _dotted(rest)
+    sub = getattr(first.get("ctx", {}).get("error"), "field", None)
+    if isinstance(sub, str):  # a model-level check names its field (config._FieldError)
+        field = f"{field}.{sub}" if field else sub
+    msg = str(first.get("msg", "invalid")).removeprefix("Value error, ")
+    if first.get("type") == "json_invalid":
+        msg, field = "the body is not valid JSON", ""  # its loc is the offset
+    if len(errs) > 1:
+        msg += f" (and {len(errs) - 1} more)"
+    # The URL (path, query, headers) is malformed: 400; the entity is: 422.
+    return ApiError(422 if where == "body" else 400, msg, field)
+
+
+def _allowed(request: Request, routes: Sequence[BaseRoute]) -> str:
+    """Every method of the path. Starlette names only the first route's; GET and PUT of
+    one path are two routes."""
+    methods: set[str] = set()
+    for route in routes:
+        if isinstance(route, APIRoute) and route.matches(request.scope)[0] != Match.NONE:
+            methods |= route.methods or set()
+    return ", ".join(sorted(methods))
+
+
+def _error_response(e: ApiError, headers: dict[str, str] | None = None) -> JSONResponse:
+    if e.status == 401:
+        headers = {**(headers or {}), "WWW-Authenticate": "Bearer"}
+    body = ErrorBody(error=e.error, field=e.field).model_dump()
+    return JSONResponse(body, status_code=e.status, headers=headers)
+
+
+def create_app(
+    ctl: Controller, *, token: str | None = None, metrics: Metrics | None = None
+) -> FastAPI:
+    """The API of ``ctl``. ``token``: the bearer token every data route requires (None:
+    no authentication, for a unix socket only root can reach)."""
+    metrics = metrics if metrics is not None else Metrics(ctl)
+    want = token.encode() if token is not None else None
+
+    async def auth(
+        creds: Annotated[HTTPAuthorizationCredentials | None, Security(_bearer)],
+    ) -> None:
+        if want is None:
+            return
+        if creds is None:
+            raise ApiError(401, "a bearer token is required")
+        if not hmac.compare_digest(creds.credentials.encode(), want):
+            raise ApiError(401, "wrong bearer token")
+
+    app = FastAPI(
+        title="xdplb",
+        version=API_VERSION,
+        summary="The daemon of an xdplb instance: status, configuration, drain, metrics.",
+        docs_url=None,
+        redoc_url=None,
+        responses=_ERRORS,
+    )
+
+    api = APIRouter(prefix=PREFIX, dependencies=[Depends(auth)])
+
+    @app.exception_handler(ApiError)
+    async def _api_error(request: Request, exc: ApiError) -> Response:
+        return _error_response(exc)
+
+    @app.exception_handler(RequestValidationError)
+    async def _invalid(request: Request, exc: RequestValidationError) -> Response:
+        return _error_response(_validation_error(exc))
+
+    @app.exception_handler(StarletteHTTPException)
+    async def _http(request: Request, exc: StarletteHTTPException) -> Response:
+        headers = dict(exc.headers or {})
+        if exc.status_code == 405:
+            # The router's own list: the app's holds it as one opaque entry.
+            headers["Allow"] = _allowed(request, [*api.routes, *app.router.routes])
+        return _error_response(ApiError(exc.status_code, str(exc.detail)), headers)
+
+    @app.exception_handler(Exception)
+    async def _bug(request: Request, exc: Exception) -> Response:
+        log.error("%s %s failed", request.method, request.url.path, exc_info=exc)
+        return _error_response(ApiError(500, "internal error (see the daemon's log)"))
+
+    def vip_config(ref: VipRef) -> tuple[Config, int]:
+        cfg = _guard(ctl.config)
+        return cfg, _vip_index(cfg, ref)
+
+    def change(cfg: Config, persist: bool) -> ChangeResult:
+        return _guard(ctl.replace_config, cfg, persist=persist)
+
+    @api.get("/status", summary="Everything the daemon knows: VIPs, backends, counters")
+    async def get_status() -> Status:
+        return _guard(ctl.status)
+
+    @api.get("/config", summary="The running configuration, API changes included")
+    async def get_config() -> Config:
+        return _guard(ctl.config)
+
+    @api.put("/config", summary="Replace the whole configuration atomically")
+    async def put_config(cfg: Config, persist: PersistQ = False) -> ChangeResult:
+        return change(cfg, persist)
+
+    @api.post("/reload", summary="Re-read the configuration file (drops unpersisted changes)")
+    async def reload() -> ChangeResult:
+        return _guard(ctl.reload)
+
+    @api.get("/vips", summary="Every VIP with its backends")
+    async def list_vips() -> list[VipStatus]:
+        return _guard(ctl.status).vips
+
+    @api.post("/vips", status_code=201, responses=_CONFLICT, summary="Add a VIP")
+    async def add_vip(vip: VipConfig, persist: PersistQ = False) -> ChangeResult:
+        cfg = _guard(ctl.config)
+        if any(v.key == vip.key for v in cfg.vips):
+            raise ApiError(409, f"VIP {vip.name} exists (PUT replaces it)", "address")
+        return change(_with_vips(cfg, [*cfg.vips, vip]), persist)
+
+    vip_path = "/vips/{address}/{port}/{protocol}"
+
+    def vip_status(ref: VipRef) -> VipStatus:
+        for v in _guard(ctl.status).vips:
+            if _is(v.address, ref.address) and (v.port, v.protocol) == (ref.port, ref.protocol):
+                return v
+        raise ApiError(404, f"no VIP {ref.name}")
+
+    @api.get(vip_path, summary="One VIP with its backends")
+    async def get_vip(address: AddressP, port: PortP, protocol: ProtocolP) -> VipStatus:
+        return vip_status(_vip_ref(address, port, protocol))
+
+    @api.put(vip_path, summary="Replace a VIP (its address, port and protocol stay)")
+    async def put_vip(
+        address: AddressP,
+        port: PortP,
+        protocol: ProtocolP,
+        vip: VipConfig,
+        persist: PersistQ = False,
+    ) -> ChangeResult:
+        ref = _vip_ref(address, port, protocol)
+        for field, want, got in (
+            ("address", ref.address, vip.address),
+            ("port", ref.port, vip.port),
+            ("protocol", ref.protocol, vip.protocol),
+        ):
+            if want != got:
+                raise ApiError(422, f"is {got}, the path says {want}", field)
+        cfg, i = vip_config(ref)
+        return change(_with_vips(cfg, [*cfg.vips[:i], vip, *cfg.vips[i + 1 :]]), persist)
+
+    @api.delete(vip_path, summary="Remove a VIP")
+    async def delete_vip(
+        address: AddressP, port: PortP, protocol: ProtocolP, persist: PersistQ = False
+    ) -> ChangeResult:
+        cfg, i = vip_config(_vip_ref(address, port, protocol))
+        return change(_with_vips(cfg, [*cfg.vips[:i], *cfg.vips[i + 1 :]]), persist)
+
+    @api.get(vip_path + "/backends", summary="The backends of a VIP")
+    async def list_backends(
+        address: AddressP, port: PortP, protocol: ProtocolP
+    ) -> list[BackendStatus]:
+        return vip_status(_vip_ref(address, port, protocol)).backends
+
+    be_path = vip_path + "/backends/{backend}"
+
+    @api.get(be_path, summary="One backend of a VIP")
+    async def get_backend(
+        address: AddressP, port: PortP, protocol: ProtocolP, backend: BackendP
+    ) -> BackendStatus:
+        ref = _vip_ref(address, port, protocol)
+        for b in vip_status(ref).backends:
+            if _is(b.address, backend):
+                return b
+        raise ApiError(404, f"no backend {backend} in VIP {ref.name}")
+
+    @api.put(be_path, summary="Add or replace a backend of a VIP")
+    async def put_backend(
+        address: AddressP,
+        port: PortP,
+        protocol: ProtocolP,
+        backend: BackendP,
+        body: BackendConfig,
+        persist: PersistQ = False,
+    ) -> ChangeResult:
+        ref = _vip_ref(address, port, protocol)
+        addr = backend
+        if body.address != addr:
+            raise ApiError(422, f"is {body.address}, the path says {addr}", "address")
+        cfg, i = vip_config(ref)
+        vip = cfg.vips[i]
+        bes = list(vip.backends)
+        j = next((j for j, b in enumerate(bes) if b.address == addr), None)
+        if j is None:
+            bes.append(body)
+        else:
+            bes[j] = body
+        new = _with_backends(vip, bes)
+        return change(_with_vips(cfg, [*cfg.vips[:i], new, *cfg.vips[i + 1 :]]), persist)
+
+    @api.patch(be_path, summary="Change a backend's weight")
+    async def patch_backend(
+        address: AddressP,
+        port: PortP,
+        protocol: ProtocolP,
+        backend: BackendP,
+        body: WeightChange,
+        persist: PersistQ = False,
+    ) -> ChangeResult:
+        ref = _vip_ref(address, port, protocol)
+        addr = backend
+        cfg, i = vip_config(ref)
+        vip = cfg.vips[i]
+        j = _backend_index(vip, addr)
+        bes = list(vip.backends)
+        bes[j] = bes[j].model_copy(update={"weight": body.weight})
+        new = _with_backends(vip, bes)
+        return change(_with_vips(cfg, [*cfg.vips[:i], new, *cfg.vips[i + 1 :]]), persist)
+
+    @api.delete(be_path, summary="Remove a backend from a VIP (no drain: see /drain)")
+    async def delete_backend(
+        address: AddressP,
+        port: PortP,
+        protocol: ProtocolP,
+        backend: BackendP,
+        persist: PersistQ = False,
+    ) -> ChangeResult:
+        ref = _vip_ref(address, port, protocol)
+        addr = backend
+        cfg, i = vip_config(ref)
+        vip = cfg.vips[i]
+        j = _backend_index(vip, addr)
+        new = _with_backends(vip, [*vip.backends[:j], *vip.backends[j + 1 :]])
+        return change(_with_vips(cfg, [*cfg.vips[:i], new, *cfg.vips[i + 1 :]]), persist)
+
+    def drain_target(
+        address: IPAddress, port: int, protocol: L4Protocol, backend: IPAddress
+    ) -> tuple[VipRef, IPAddress]:
+        ref = _vip_ref(address, port, protocol)
+        addr = backend
+        cfg, i = vip_config(ref)
+        _backend_index(cfg.vips[i], addr)
+        return ref, addr
+
+    @api.post(be_path + "/drain", summary="No new connections to the backend for this VIP")
+    async def drain(
+        address: AddressP, port: PortP, protocol: ProtocolP, backend: BackendP
+    ) -> DrainStatus:
+        return _guard(ctl.drain, *drain_target(address, port, protocol, backend))
+
+    @api.post(be_path + "/enable", summary="Undo a drain")
+    async def enable(
+        address: AddressP, port: PortP, protocol: ProtocolP, backend: BackendP
+    ) -> DrainStatus:
+        return _guard(ctl.enable, *drain_target(address, port, protocol, backend))
+
+    @api.get(be_path + "/drain", summary="How a drain is going")
+    async def drain_status(
+        address: AddressP, port: PortP, protocol: ProtocolP, backend: BackendP
+    ) -> DrainStatus:
+        return _guard(ctl.drain_status, *drain_target(address, port, protocol, backend))
+
+    app.include_router(api)
+
+    @app.get(
+        "/metrics",
+        dependencies=[Depends(auth)],
+        response_class=Response,
+        responses={200: {"content": {"text/plain": {}}, "description": "Prometheus text"}},
+        summary="Prometheus metrics",
+    )
+    async def get_metrics() -> Response:
+        body = _guard(metrics.render)
+        return Response(body, media_type=CONTENT_TYPE_LATEST)
+
+    @app.get("/", include_in_schema=False)
+    async def index() -> Response:
+        page = WEB_DIR / "index.html"
+        if not page.is_file():
+            raise ApiError(404, "the status page is not installed")
+        return FileResponse(page, media_type="text/html")
+
+    app.mount("/static", StaticFiles(directory=WEB_DIR, check_dir=False), name="static")
+    return app
+
+
+class _NoController:
+    """Stands in for the daemon when only the specification is wanted."""
+
+    def _absent(self, *args: Any, **kwargs: Any) -> NoReturn:
+        raise RuntimeError("no controller: this app only serves its specification")
+
+    status = config = replace_config = reload = drain = enable = drain_status = _absent
+
+
+def openapi_spec() -> dict[str, Any]:
+    """The API's OpenAPI document (what ``/openapi.json`` serves)."""
+    return create_app(_NoController()).openapi()
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = list(sys.argv[1:] if argv is None else argv)
+    if args != ["--openapi"]:
+        print("usage: python -m xdplb.api --openapi > docs/openapi.json", file=sys.stderr)
+        return 2
+    sys.stdout.write(json.dumps(openapi_spec(), indent=2) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,210 @@
+"""A :class:`~xdplb.control.Controller` without a kernel, for the API, metrics and CLI
+tests: it keeps a real :class:`Config` (replace_config stores it), drain states, and
+builds a :class:`Status` from them with counters the test can set."""
+
+from __future__ import annotations
+
+import ipaddress
+import threading
+from dataclasses import dataclass, field
+
+from xdplb.config import Config, parse_config
+from xdplb.control import (
+    Admin,
+    BackendStatus,
+    ChangeResult,
+    ConnTableStatus,
+    DrainStatus,
+    IPAddress,
+    Status,
+    VipRef,
+    VipStatus,
+)
+from xdplb.errors import ConfigError
+
+CONFIG = {
+    "instance": "fake",
+    "tunnel": {"source_v4": "198.18.0.2", "source_v6": "fd78:6470:6c62::2"},
+    "vips": [
+        {
+            "address": "198.18.100.1",
+            "port": 80,
+            "protocol": "tcp",
+            "backends": [
+                {"address": "198.18.0.11", "weight": 2},
+                {"address": "198.18.0.12"},
+                {"address": "198.18.0.13"},
+            ],
+        },
+        {
+            "address": "fd78:6470:6c62:100::1",
+            "port": 53,
+            "protocol": "udp",
+            "encap": "ipip",
+            "backends": [{"address": "fd78:6470:6c62::11"}],
+        },
+    ],
+}
+
+
+@dataclass
+class Drain:
+    admin: Admin = "draining"
+    established: int | None = None
+    done: bool | None = None
+
+
+@dataclass
+class FakeController:
+    cfg: Config = field(default_factory=lambda: parse_config(CONFIG))
+    file_cfg: Config | None = None
+    drains: dict[tuple[str, str], Drain] = field(default_factory=dict)
+    #: Counters per backend address (packets, bytes, new_flows).
+    counters: dict[str, tuple[int, int, int]] = field(default_factory=dict)
+    #: Established connections the "agent" reports, per backend (None: no agent).
+    established: dict[str, int | None] = field(default_factory=dict)
+    drops: dict[str, int] = field(default_factory=lambda: {"no_backend": 3, "bad_header": 0})
+    events: dict[str, int] = field(default_factory=lambda: {"tx": 42})
+    replaced: int = 0
+    persisted: int = 0
+    #: Set to make the next replace_config fail like a bug in the daemon.
+    explode: bool = False
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def __post_init__(self) -> None:
+        if self.file_cfg is None:
+            self.file_cfg = self.cfg
+
+    # The Controller protocol.
+
+    def status(self) -> Status:
+        vips = []
+        for vi, v in enumerate(self.cfg.vips):
+            total = sum(b.weight for b in v.backends if self._admin(v.name, b.address) == "enabled")
+            bes = []
+            for bi, b in enumerate(v.backends):
+                admin = self._admin(v.name, b.address)
+                eff = b.weight if admin == "enabled" else 0
+                p, by, nf = self.counters.get(str(b.address), (0, 0, 0))
+                bes.append(
+                    BackendStatus(
+                        address=str(b.address),
+                        id=bi + 1,
+                        weight=b.weight,
+                        effective_weight=eff,
+                        health="up",
+                        health_detail="HTTP 200",
+                        health_changed_ago=12.5,
+                        admin=admin,
+                        established=self.established.get(str(b.address)),
+                        table_share=eff / total if total else 0.0,
+                        packets=p,
+                        bytes=by,
+                        new_flows=nf,
+                        second_hop_forwards=None,
+                    )
+                )
+            vips.append(
+                VipStatus(
+                    name=v.name,
+                    address=str(v.address),
+                    port=v.port,
+                    protocol=str(v.protocol),
+                    encap=str(v.encap),
+                    hash=str(v.hash),
+                    table=str(v.table),
+                    table_size=self.cfg.vip_table_size(v),
+                    id=vi,
+                    all_down=False,
+                    health_checked=True,
+                    packets=sum(b.packets for b in bes),
+                    bytes=sum(b.bytes for b in bes),
+                    new_flows=sum(b.new_flows for b in bes),
+                    backends=bes,
+                )
+            )
+        return Status(
+            instance=self.cfg.instance,
+            config_path="/etc/xdplb/fake.yaml",
+            attached=["eth0"],
+            runtime_changes=self.cfg != self.file_cfg,
+            uptime=100.0,
+            vips=vips,
+            drops=dict(self.drops),
+            events=dict(self.events),
+            conn_table=ConnTableStatus(capacity=1024, used=17),
+            rebuilds=self.replaced,
+            last_rebuild_ms=1.5,
+            health_checks=99,
+        )
+
+    def config(self) -> Config:
+        return self.cfg
+
+    def replace_config(self, cfg: Config, *, persist: bool) -> ChangeResult:
+        if self.explode:
+            raise RuntimeError("the fake exploded")
+        if cfg.instance != self.cfg.instance:
+            raise ConfigError("instance", "cannot change while running")
+        ops = 0 if cfg == self.cfg else 1
+        self.cfg = cfg
+        self.replaced += 1
+        if persist:
+            self.file_cfg = cfg
+            self.persisted += 1
+        return ChangeResult(
+            operations=ops, persisted=persist, runtime_changes=self.cfg != self.file_cfg
+        )
+
+    def reload(self) -> ChangeResult:
+        assert self.file_cfg is not None
+        return self.replace_config(self.file_cfg, persist=False)
+
+    def drain(self, vip: VipRef, backend: IPAddress) -> DrainStatus:
+        self._check(vip, backend)
+        self.drains[(vip.name, str(backend))] = Drain()
+        return self.drain_status(vip, backend)
+
+    def enable(self, vip: VipRef, backend: IPAddress) -> DrainStatus:
+        self._check(vip, backend)
+        self.drains.pop((vip.name, str(backend)), None)
+        return self.drain_status(vip, backend)
+
+    def drain_status(self, vip: VipRef, backend: IPAddress) -> DrainStatus:
+        self._check(vip, backend)
+        d = self.drains.get((vip.name, str(backend)))
+        return DrainStatus(
+            vip=vip.name,
+            backend=str(backend),
+            admin=d.admin if d else "enabled",
+            established=d.established if d else self.established.get(str(backend)),
+            done=d.done if d else None,
+        )
+
+    # For the tests.
+
+    def reset(self) -> None:
+        """Back to the initial configuration, nothing drained."""
+        self.cfg = self.file_cfg = parse_config(CONFIG)
+        self.drains.clear()
+        self.explode = False
+
+    def report(self, vip: str, backend: str, established: int) -> None:
+        """What the backend's agent would say after a drain began."""
+        with self.lock:
+            d = self.drains[(vip, backend)]
+            d.established = established
+            d.done = established == 0
+            d.admin = "drained" if d.done else "draining"
+
+    def _admin(self, vip: str, backend: IPAddress) -> Admin:
+        d = self.drains.get((vip, str(backend)))
+        return d.admin if d else "enabled"
+
+    def _check(self, vip: VipRef, backend: IPAddress) -> None:
+        for v in self.cfg.vips:
+            if v.key == (vip.address, vip.port, vip.protocol):
+                if any(b.address == ipaddress.ip_address(backend) for b in v.backends):
+                    return
+                raise KeyError(f"no backend {backend} in VIP {vip.name}")
+        raise KeyError(f"no VIP {vip.name}")

@@ -1,0 +1,319 @@
+"""The CLI's API commands against a live uvicorn serving the fake controller on a unix
+socket in a temporary run directory: output, exit codes, and a drain that --wait sees
+finish."""
+
+from __future__ import annotations
+
+import json
+import re
+import socket
+import threading
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+import uvicorn
+from fake_controller import FakeController
+from typer.testing import CliRunner
+
+from xdplb.api import create_app
+from xdplb.cli import EXIT_CONFIG, EXIT_NOT_RUNNING, EXIT_OK, EXIT_RUNTIME, app
+from xdplb.client import Client, NotRunning, api_socket, parse_vip
+from xdplb.control import Status
+
+pytestmark = pytest.mark.unit
+
+runner = CliRunner()
+VIP = "198.18.100.1:80/tcp"
+
+
+@dataclass
+class Served:
+    fake: FakeController
+    socket: Path
+
+
+def xdplb(*args: str, instance: str = "fake") -> tuple[int, str, str]:
+    """Run the CLI; exit code, stdout, stderr."""
+    r = runner.invoke(app, [*args, "-i", instance])
+    return r.exit_code, r.stdout, r.stderr
+
+
+def serve(
+    fake: FakeController, sock: Path | None = None, token: str | None = None
+) -> Iterator[uvicorn.Server]:
+    """uvicorn in a thread, on a unix socket (or a free TCP port of 127.0.0.1)."""
+    where = {"uds": str(sock)} if sock is not None else {"host": "127.0.0.1", "port": 0}
+    server = uvicorn.Server(
+        uvicorn.Config(create_app(fake, token=token), log_level="warning", lifespan="off", **where)
+    )
+    t = threading.Thread(target=server.run, daemon=True)
+    t.start()
+    deadline = time.monotonic() + 5
+    while not server.started:
+        assert time.monotonic() < deadline, "uvicorn did not start"
+        assert t.is_alive(), "uvicorn died"
+        time.sleep(0.01)
+    try:
+        yield server
+    finally:
+        server.should_exit = True
+        t.join(5)
+        assert not t.is_alive()
+
+
+@pytest.fixture
+def served(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Served]:
+    monkeypatch.setenv("XDPLB_RUN_DIR", str(tmp_path))
+    monkeypatch.delenv("XDPLB_TOKEN", raising=False)
+    monkeypatch.delenv("XDPLB_API", raising=False)
+    fake = FakeController()
+    sock = api_socket("fake")
+    assert sock.parent == tmp_path
+    for _ in serve(fake, sock):
+        yield Served(fake, sock)
+
+
+def test_vip_list_is_like_ipvsadm(served: Served) -> None:
+    served.fake.established["198.18.0.11"] = 3
+    code, out, _ = xdplb("vip", "list")
+    assert code == EXIT_OK
+    lines = out.splitlines()
+    assert lines[2] == "TCP  198.18.100.1:80 maglev"
+    assert lines[3].split() == [
+        "->",
+        "198.18.0.11:80",
+        "Tunnel(gue)",
+        "weight",
+        "2",
+        "eff",
+        "2",
+        "up",
+        "enabled",
+        "ActiveConn",
+        "3",
+        "share",
+        "50.0%",
+    ]
+    assert lines[4].split() == [
+        "->",
+        "198.18.0.12:80",
+        "Tunnel(gue)",
+        "weight",
+        "1",
+        "eff",
+        "1",
+        "up",
+        "enabled",
+        "ActiveConn",
+        "-",
+        "share",
+        "25.0%",
+    ]
+    assert lines[6] == "UDP  [fd78:6470:6c62:100::1]:53 maglev"
+    assert lines[7].split()[:3] == ["->", "[fd78:6470:6c62::11]:53", "Tunnel(ipip)"]
+    assert xdplb("list")[1] == out
+    code, out, _ = xdplb("vip", "list", "--json")
+    assert code == EXIT_OK
+    assert [v["name"] for v in json.loads(out)] == [VIP, "[fd78:6470:6c62:100::1]:53/udp"]
+
+
+def test_status_through_the_api(served: Served) -> None:
+    served.fake.counters["198.18.0.12"] = (10, 1500, 2)
+    code, out, _ = xdplb("status")
+    assert code == EXIT_OK
+    assert out.startswith("instance fake (/etc/xdplb/fake.yaml), attached to eth0, up 1m40s\n")
+    assert "connection table 17 of 1024 entries" in out
+    assert "TCP  198.18.100.1:80 maglev  5tuple  packets 10  bytes 1500  new 2" in out
+    line = next(x for x in out.splitlines() if "198.18.0.12:80" in x)
+    assert "packets 10  bytes 1500  new 2  (HTTP 200)" in line
+    assert "drops: no_backend 3  bad_header 0" in out
+    code, out, _ = xdplb("status", "--json")
+    assert code == EXIT_OK
+    assert Status.model_validate_json(out) == served.fake.status()
+
+
+def test_changes_reach_the_controller(served: Served) -> None:
+    fake = served.fake
+    code, out, _ = xdplb("backend", "add", VIP, "198.18.0.14", "--weight", "3")
+    assert (code, out) == (
+        EXIT_OK,
+        f"backend 198.18.0.14 of {VIP}, weight 3: 1 map operations, "
+        "runtime only (--persist writes the file)\n",
+    )
+    assert [(str(b.address), b.weight) for b in fake.cfg.vips[0].backends][-1] == (
+        "198.18.0.14",
+        3,
+    )
+    assert fake.status().runtime_changes
+    assert xdplb("backend", "weight", VIP, "198.18.0.14", "0", "--persist")[0] == EXIT_OK
+    assert fake.cfg.vips[0].backends[-1].weight == 0
+    assert fake.persisted == 1
+    assert not fake.status().runtime_changes
+    assert xdplb("backend", "del", "198.18.100.1:80", "198.18.0.14")[0] == EXIT_OK
+    assert len(fake.cfg.vips[0].backends) == 3
+
+    code, out, _ = xdplb("vip", "add", "198.18.100.7", "53", "udp", "--encap", "ipip")
+    assert code == EXIT_OK, out
+    assert "added VIP 198.18.100.7:53/udp" in out
+    assert fake.cfg.vips[-1].name == "198.18.100.7:53/udp"
+    assert str(fake.cfg.vips[-1].encap) == "ipip"
+    assert xdplb("backend", "add", "198.18.100.7:53/udp", "198.18.0.11")[0] == EXIT_OK
+    assert [str(b.address) for b in fake.cfg.vips[-1].backends] == ["198.18.0.11"]
+    assert xdplb("vip", "del", "198.18.100.7", "53", "udp")[0] == EXIT_OK
+    assert len(fake.cfg.vips) == 2
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (("backend", "weight", "198.18.100.1", "198.18.0.11", "5"), "ADDRESS:PORT[/PROTOCOL]"),
+        (("backend", "weight", "198.18.100.1:80/sctp", "198.18.0.11", "5"), "tcp or udp"),
+        (("backend", "weight", "[198.18.100.1]:80", "198.18.0.11", "5"), "brackets"),
+        (("backend", "weight", "fd78::1:80", "198.18.0.11", "5"), "ADDRESS:PORT"),
+        (("backend", "weight", "198.18.100.1:99999", "198.18.0.11", "5"), "above 65535"),
+        (("backend", "weight", VIP, "198.18.0.1111", "5"), "not an IP address"),
+        (("vip", "add", "not-an-ip", "80", "tcp"), "not an IP address"),
+    ],
+)
+def test_bad_syntax_exits_2_with_a_message(
+    served: Served, args: tuple[str, ...], message: str
+) -> None:
+    code, _, err = xdplb(*args)
+    assert code == EXIT_CONFIG
+    assert message in err
+
+
+def test_api_errors_exit_2_with_the_field_and_5xx_exits_1(served: Served) -> None:
+    code, _, err = xdplb("backend", "weight", "198.18.100.1:81/tcp", "198.18.0.11", "5")
+    assert (code, err) == (EXIT_CONFIG, "error 404: no VIP 198.18.100.1:81/tcp\n")
+    code, _, err = xdplb("backend", "del", VIP, "198.18.0.99")
+    assert code == EXIT_CONFIG
+    assert err.startswith("error 404: no backend 198.18.0.99")
+    code, _, err = xdplb("vip", "add", "198.18.100.1", "80", "tcp")
+    assert code == EXIT_CONFIG
+    assert err == f"error 409: VIP {VIP} exists (PUT replaces it) (field address)\n"
+    code, _, err = xdplb("vip", "add", "198.18.100.9", "80", "--table-size", "4")
+    assert code == EXIT_CONFIG
+    # Refused by the models before any request, with the same words.
+    assert err == "invalid VIP: must be a prime (Maglev needs it), got 4 (field table_size)\n"
+    served.fake.explode = True  # a bug in the daemon
+    code, _, err = xdplb("backend", "weight", VIP, "198.18.0.11", "5")
+    assert (code, err) == (EXIT_RUNTIME, "error 500: internal error (see the daemon's log)\n")
+    # Refused by the daemon's validation of the whole configuration: 422, exit 2.
+    fake = served.fake
+    fake.explode = False
+    fake.cfg = fake.file_cfg = fake.cfg.model_copy(
+        update={
+            "tunnel": fake.cfg.tunnel.model_copy(update={"source_v6": None}),
+            "vips": fake.cfg.vips[:1],  # the IPv6 VIP would be refused too
+        }
+    )
+    code, _, err = xdplb("backend", "add", VIP, "fd78::99")
+    assert (code, err) == (
+        EXIT_CONFIG,
+        "error 422: an IPv6 backend needs tunnel.source_v6 (field vips[0].backends[3].address)\n",
+    )
+
+
+def test_drain_wait_returns_once_the_agent_reports_none_left(served: Served) -> None:
+    fake = served.fake
+
+    def agent() -> None:  # reports 0.3 s after the drain began
+        deadline = time.monotonic() + 5
+        while (VIP, "198.18.0.11") not in fake.drains and time.monotonic() < deadline:
+            time.sleep(0.005)
+        time.sleep(0.3)
+        fake.report(VIP, "198.18.0.11", 0)
+
+    t = threading.Thread(target=agent)
+    t.start()
+    start = time.monotonic()
+    code, out, err = xdplb("backend", "drain", VIP, "198.18.0.11", "--wait", "--timeout", "5")
+    took = time.monotonic() - start
+    t.join()
+    assert code == EXIT_OK, err
+    first, last = out.splitlines()
+    assert first == (
+        f"backend 198.18.0.11 of {VIP}: draining, "
+        "established connections unknown (no agent report yet)"
+    )
+    m = re.fullmatch(rf"backend 198\.18\.0\.11 of {re.escape(VIP)} drained in ([0-9.]+) s", last)
+    assert m is not None, last
+    assert 0.3 <= float(m[1]) <= took < 2
+    assert fake.status().vips[0].backends[0].admin == "drained"
+    code, out, _ = xdplb("backend", "enable", VIP, "198.18.0.11")
+    assert (code, out) == (
+        EXIT_OK,
+        f"backend 198.18.0.11 of {VIP}: enabled, established connections unknown "
+        "(no agent report yet)\n",
+    )
+    assert fake.status().vips[0].backends[0].admin == "enabled"
+
+
+def test_drain_wait_times_out(served: Served) -> None:
+    start = time.monotonic()
+    code, _, err = xdplb("backend", "drain", VIP, "198.18.0.12", "--wait", "--timeout", "0.4")
+    assert code == EXIT_RUNTIME
+    assert 0.4 <= time.monotonic() - start < 2
+    assert "no agent reports for backend 198.18.0.12" in err
+    # An agent reports, but connections stay open.
+    t = threading.Timer(0.1, served.fake.report, (VIP, "198.18.0.12", 5))
+    t.start()
+    code, _, err = xdplb("backend", "drain", VIP, "198.18.0.12", "--wait", "--timeout", "0.5")
+    t.join()
+    assert code == EXIT_RUNTIME
+    assert err == (
+        f"backend 198.18.0.12 of {VIP}: draining, 5 established\n"
+        "backend 198.18.0.12 not drained after 0.5 s\n"
+    )
+
+
+def test_no_daemon_exits_3(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("XDPLB_RUN_DIR", str(tmp_path))
+    code, _, err = xdplb("vip", "list", instance=f"absent-{tmp_path.name}")
+    assert code == EXIT_NOT_RUNNING
+    assert "is not running" in err
+    # A socket file nobody listens on (a daemon that died) is no daemon either.
+    stale = socket.socket(socket.AF_UNIX)
+    stale.bind(str(api_socket("stale")))
+    stale.close()
+    assert xdplb("backend", "enable", VIP, "198.18.0.11", instance="stale")[0] == EXIT_NOT_RUNNING
+    # status falls back to the pins, which are not there either.
+    assert xdplb("status", instance=f"absent-{tmp_path.name}")[0] == EXIT_NOT_RUNNING
+    with pytest.raises(NotRunning):
+        Client("stale").status()
+
+
+def test_token_over_tcp(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("XDPLB_TOKEN", raising=False)
+    fake = FakeController()
+    for server in serve(fake, token="s3cret"):
+        port = server.servers[0].sockets[0].getsockname()[1]
+        url = f"http://127.0.0.1:{port}"
+        code, _, err = xdplb("vip", "list", "--api", url)
+        assert (code, err) == (EXIT_CONFIG, "error 401: a bearer token is required\n")
+        code, _, err = xdplb("vip", "list", "--api", url, "--token", "wrong")
+        assert (code, err) == (EXIT_CONFIG, "error 401: wrong bearer token\n")
+        code, out, _ = xdplb("vip", "list", "--api", url, "--token", "s3cret")
+        assert code == EXIT_OK
+        assert "TCP  198.18.100.1:80 maglev" in out
+        monkeypatch.setenv("XDPLB_TOKEN", "s3cret")
+        assert xdplb("backend", "weight", VIP, "198.18.0.13", "9", "--api", url)[0] == EXIT_OK
+        assert fake.cfg.vips[0].backends[2].weight == 9
+        with Client(api=url) as client:
+            assert "xdplb_backend_weight" in client.metrics()
+    # Nothing listens on that port any more.
+    code, _, _ = xdplb("vip", "list", "--api", url)
+    assert code == EXIT_NOT_RUNNING
+
+
+def test_parse_vip() -> None:
+    assert parse_vip("198.18.100.1:80").name == VIP
+    assert parse_vip("198.18.100.1:0/UDP").name == "198.18.100.1:0/udp"
+    assert parse_vip("[fd78:6470:6c62:100::1]:443/udp").name == "[fd78:6470:6c62:100::1]:443/udp"
+    for bad in ("198.18.100.1", "fd78::1:80", "198.18.100.1:80/icmp", "[::1:80", "x:80"):
+        with pytest.raises(ValueError):
+            parse_vip(bad)
