@@ -1,8 +1,8 @@
 // SPDX-License-Identifier: (GPL-2.0-only OR BSD-2-Clause)
 /*
- * hc_tc: TC egress (direct action) of the health-check dummy device on the
+ * hc_tc: TC egress (direct action) of the health-check device (an ifb) on the
  * LB node.  The daemon's checker connects to the VIP itself with SO_MARK
- * set; a policy rule routes marked traffic to the dummy, and here each
+ * set; a policy rule routes marked traffic to that device, and here each
  * packet is encapsulated to the backend its mark names, with the outer
  * headers lb_xdp would write, then sent to the next hop.  So a check travels
  * the path real traffic takes and a backend whose decapsulation is broken

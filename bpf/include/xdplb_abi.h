@@ -210,7 +210,7 @@ struct xdplb_addr {
 /*
  * hc_tc: health checks through the tunnel (bpf/hc_tc.bpf.c).  The daemon's
  * checker connects to the VIP itself with SO_MARK set; hc_tc, at TC egress of
- * the dummy device the marked traffic is routed to, encapsulates each packet
+ * the (ifb) device the marked traffic is routed to, encapsulates each packet
  * to the backend its mark names, exactly as lb_xdp would.  Its config map
  * hc_config holds a struct xdplb_config with lb_config's meaning (outer
  * sources, GUE port, hash seed).

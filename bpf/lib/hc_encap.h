@@ -61,7 +61,7 @@ static __always_inline int hc_linearize(struct __sk_buff *skb)
 
 /*
  * IPv4 (options allowed, no fragment) or IPv6 (no extension header) carrying
- * TCP or UDP, on Ethernet without a VLAN tag (what the stack hands a dummy
+ * TCP or UDP, on Ethernet without a VLAN tag (what the stack hands a NOARP
  * device).  0 with @pkt filled in, or -1: lb_xdp could not balance it either.
  */
 static __always_inline int hc_parse(struct __sk_buff *skb, struct hc_pkt *pkt)
@@ -158,17 +158,20 @@ static __always_inline int hc_is_self(const struct xdplb_config *cfg,
 
 /*
  * Route the outer packet (lb_xdp step 12, without its cache): a lookup with
- * flags 0 is an input-style lookup from the dummy device, which therefore
- * must have forwarding on.  It runs with mark 0 (no BPF_FIB_LOOKUP_MARK): the
- * main tables, never the fwmark rule that sent the inner packet here.  A
- * resolved neighbour gives the MACs and bpf_redirect(); an unresolved one is
- * left to bpf_redirect_neigh() with the next hop given explicitly, since
- * without one it would route by skb->mark, back into the dummy.
+ * flags 0 is an input-style lookup from the device, which therefore must have
+ * forwarding on.  It runs with mark 0 (no BPF_FIB_LOOKUP_MARK): the main
+ * tables, never the fwmark rule that sent the inner packet here.  A resolved
+ * neighbour gives the MACs and bpf_redirect().  An unresolved one is left to
+ * bpf_redirect_neigh() without a next hop, after clearing the mark: the
+ * helper then routes the packet itself (by mark 0, out of the egress device)
+ * and attaches that route.  Given a next hop instead, it would keep the
+ * skb's route to our device, and the neighbour layer, once resolved,
+ * re-sends queued packets by the skb's route: the first packet left with
+ * our device's MACs and was lost (measured: a 1 s SYN retransmission).
  */
 static __always_inline int hc_fib_send(struct __sk_buff *skb, struct ethhdr *eth,
 				       const void *l3, const int v6, __u32 len, __u8 l4_proto)
 {
-	struct bpf_redir_neigh nh = {};
 	struct bpf_fib_lookup fib = {};
 	int rc;
 
@@ -205,11 +208,9 @@ static __always_inline int hc_fib_send(struct __sk_buff *skb, struct ethhdr *eth
 		return bpf_redirect(fib.ifindex, 0);
 	}
 	if (rc == BPF_FIB_LKUP_RET_NO_NEIGH) {
-		/* The lookup left the gateway (or the backend itself) in ipv{4,6}_dst. */
-		nh.nh_family = fib.family;
-		__builtin_memcpy(nh.ipv6_nh, fib.ipv6_dst, sizeof(nh.ipv6_nh));
+		skb->mark = 0;
 		hc_count(XDPLB_HC_REDIRECT_NEIGH);
-		return bpf_redirect_neigh(fib.ifindex, &nh, sizeof(nh), 0);
+		return bpf_redirect_neigh(fib.ifindex, NULL, 0, 0);
 	}
 	if (rc == BPF_FIB_LKUP_RET_FRAG_NEEDED)
 		return hc_drop(XDPLB_HC_DROP_TOO_BIG);
