@@ -207,4 +207,39 @@ struct xdplb_addr {
 	__u8 pad[3];
 };
 
+/*
+ * hc_tc: health checks through the tunnel (bpf/hc_tc.bpf.c).  The daemon's
+ * checker connects to the VIP itself with SO_MARK set; hc_tc, at TC egress of
+ * the (ifb) device the marked traffic is routed to, encapsulates each packet
+ * to the backend its mark names, exactly as lb_xdp would.  Its config map
+ * hc_config holds a struct xdplb_config with lb_config's meaning (outer
+ * sources, GUE port, hash seed).
+ */
+#define XDPLB_MAX_HC_TARGETS	8192
+
+#define XDPLB_HC_F_SRC_HASH	(1U << 0)	/* GUE source port from the source-only hash */
+
+/* hc_targets value; the key is the socket mark (__u32). */
+struct xdplb_hc_target {
+	__u32 addr[4];		/* backend (tunnel endpoint): IPv4 in addr[0] */
+	__u8 family;		/* enum xdplb_family; also the outer header's family */
+	__u8 encap;		/* enum xdplb_encap */
+	__u8 flags;		/* XDPLB_HC_F_* */
+	__u8 pad;
+};
+
+/* What hc_tc did with a packet; index of hc_events. */
+enum xdplb_hc_event {
+	XDPLB_HC_REDIRECT = 0,		/* encapsulated, sent to the next hop (bpf_redirect) */
+	XDPLB_HC_REDIRECT_NEIGH,	/* encapsulated, next hop unresolved: bpf_redirect_neigh */
+	XDPLB_HC_DROP_UNKNOWN_MARK,	/* no hc_targets entry for skb->mark */
+	XDPLB_HC_DROP_UNSUPPORTED,	/* not IPv4/IPv6 TCP/UDP with ports (fragment, ICMP, ARP) */
+	XDPLB_HC_DROP_NO_CONFIG,	/* hc_config has no outer source for the backend's family */
+	XDPLB_HC_DROP_SELF,		/* the backend is this host (co-located): not tunnelled */
+	XDPLB_HC_DROP_ENCAP,		/* bpf_skb_adjust_room refused (e.g. UDP GSO) */
+	XDPLB_HC_DROP_FIB,		/* no route to the backend */
+	XDPLB_HC_DROP_TOO_BIG,		/* encapsulated packet exceeds the egress MTU */
+	XDPLB_HC_EV__MAX,
+};
+
 #endif /* XDPLB_ABI_H */

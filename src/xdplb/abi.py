@@ -26,6 +26,7 @@ DEFAULT_TABLE_SIZE = 65537
 GUE_PORT = 19523
 MAX_HOST_ADDRS = 64
 MAX_VIP_ADDRS = MAX_VIPS
+MAX_HC_TARGETS = 8192
 
 IPPROTO_TCP = socket.IPPROTO_TCP
 IPPROTO_UDP = socket.IPPROTO_UDP
@@ -48,6 +49,7 @@ class TableKind(enum.IntEnum):
 
 VIP_F_SRC_HASH = 1 << 0
 BACKEND_F_ACTIVE = 1 << 0
+HC_F_SRC_HASH = 1 << 0
 
 
 class DropReason(enum.IntEnum):
@@ -96,6 +98,20 @@ class HostEvent(enum.IntEnum):
     ACCEPT_LOOP = enum.auto()
     FORWARD = enum.auto()
     FORWARD_FAILED = enum.auto()
+
+
+class HcEvent(enum.IntEnum):
+    """Index of ``hc_events``: what hc_tc did with a health-check packet."""
+
+    REDIRECT = 0
+    REDIRECT_NEIGH = enum.auto()
+    DROP_UNKNOWN_MARK = enum.auto()
+    DROP_UNSUPPORTED = enum.auto()
+    DROP_NO_CONFIG = enum.auto()
+    DROP_SELF = enum.auto()
+    DROP_ENCAP = enum.auto()
+    DROP_FIB = enum.auto()
+    DROP_TOO_BIG = enum.auto()
 
 
 class _Struct(ctypes.Structure):
@@ -253,6 +269,23 @@ class Addr(_Struct):
         return cls(addr_words(addr), family_of(addr))
 
 
+class HcTarget(_Struct):
+    """Value of hc_targets (the key is the socket mark, a ``__u32``)."""
+
+    c_name = "xdplb_hc_target"
+    _fields_ = [
+        ("addr", ctypes.c_uint32 * 4),
+        ("family", ctypes.c_uint8),
+        ("encap", ctypes.c_uint8),
+        ("flags", ctypes.c_uint8),
+        ("pad", ctypes.c_uint8),
+    ]
+
+    @classmethod
+    def make(cls, addr: IPAddress, encap: Encap, flags: int = 0) -> HcTarget:
+        return cls(addr_words(addr), family_of(addr), encap, flags)
+
+
 STRUCTS: tuple[type[_Struct], ...] = (
     VipKey,
     VipInfo,
@@ -265,4 +298,5 @@ STRUCTS: tuple[type[_Struct], ...] = (
     Stats,
     HostConfig,
     Addr,
+    HcTarget,
 )

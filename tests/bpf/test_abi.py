@@ -37,13 +37,15 @@ BtfTypes = dict[int, dict[str, Any]]
 
 #: Which object must carry each struct (by its C name).
 HOST_STRUCTS = {"xdplb_host_config", "xdplb_addr"}
-LB_STRUCTS = {s.c_name for s in abi.STRUCTS} - {"xdplb_host_config"}
+HC_STRUCTS = {"xdplb_hc_target", "xdplb_config"}
+LB_STRUCTS = {s.c_name for s in abi.STRUCTS} - {"xdplb_host_config", "xdplb_hc_target"}
 
 #: Python enum -> (C enum name, enumerator prefix, sentinel or None, objects that use it).
 ENUMS: dict[type[enum.IntEnum], tuple[str, str, str | None, tuple[str, ...]]] = {
     abi.DropReason: ("xdplb_drop_reason", "XDPLB_DROP_", "XDPLB_DROP__MAX", ("lb_xdp",)),
     abi.Event: ("xdplb_event", "XDPLB_EV_", "XDPLB_EV__MAX", ("lb_xdp",)),
     abi.HostEvent: ("xdplb_host_event", "XDPLB_HOST_", "XDPLB_HOST_EV__MAX", ("host_tc",)),
+    abi.HcEvent: ("xdplb_hc_event", "XDPLB_HC_", "XDPLB_HC_EV__MAX", ("hc_tc",)),
     abi.Family: ("xdplb_family", "XDPLB_FAMILY_", None, ()),
     abi.Encap: ("xdplb_encap", "XDPLB_ENCAP_", None, ()),
     abi.TableKind: ("xdplb_table_kind", "XDPLB_TABLE_", None, ()),
@@ -164,6 +166,8 @@ def objects_for(c_name: str) -> list[str]:
         objs.append("lb_xdp")
     if c_name in HOST_STRUCTS:
         objs.append("host_tc")
+    if c_name in HC_STRUCTS:
+        objs.append("hc_tc")
     return objs
 
 
@@ -234,3 +238,15 @@ def test_counter_maps_are_sized_by_the_enums() -> None:
                     # __uint(max_entries, N) is an int (*)[N]: the array's length is N.
                     sizes[t["name"]] = types[types[mem["type_id"]]["type_id"]]["nr_elems"]
     assert sizes == {"lb_drops": len(abi.DropReason), "lb_events": len(abi.Event)}
+
+
+def test_hc_counter_map_is_sized_by_the_enum() -> None:
+    """hc_events has one slot per enumerator of enum xdplb_hc_event."""
+    types = object_btf("hc_tc")
+    sizes = []
+    for t in types.values():
+        if t["kind"] == "VAR" and t["name"] == "hc_events":
+            for mem in types[t["type_id"]]["members"]:
+                if mem["name"] == "max_entries":
+                    sizes.append(types[types[mem["type_id"]]["type_id"]]["nr_elems"])
+    assert sizes == [len(abi.HcEvent)]

@@ -47,6 +47,7 @@ class Program:
         repeat: int = 1,
         ingress_ifindex: int = 0,
         data_size_out: int | None = None,
+        ctx: bytes | None = None,
     ) -> TestRunResult:
         """Run on ``data`` via BPF_PROG_TEST_RUN (see :func:`testrun.test_run`)."""
         return test_run(
@@ -56,6 +57,7 @@ class Program:
             repeat=repeat,
             ingress_ifindex=ingress_ifindex,
             data_size_out=data_size_out,
+            ctx=ctx,
             what=self.name,
         )
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import struct
 from typing import Any
 
 from xdplb.datapath._ffi import check, ffi, lib, new_opts
@@ -11,6 +12,20 @@ BPF_PROG_TYPE_XDP: int = lib.BPF_PROG_TYPE_XDP
 
 #: Extra room in the output buffer so encapsulation (bpf_xdp_adjust_head) fits.
 OUT_HEADROOM = 256
+
+#: Offsets in ``struct __sk_buff`` (UAPI, stable) of fields a TC test run may set: the
+#: kernel refuses a context with any other field non-zero. ``ifindex`` is skb->dev.
+SKB_MARK, SKB_INGRESS_IFINDEX, SKB_IFINDEX = 8, 36, 40
+SKB_CTX_LEN = 44
+
+
+def skb_ctx(*, mark: int = 0, ifindex: int = 0, ingress_ifindex: int = 0) -> bytes:
+    """A ``struct __sk_buff`` prefix for a TC (SCHED_CLS) test run: the packet's mark and
+    the devices it is on (resolved in the calling thread's network namespace)."""
+    ctx = bytearray(SKB_CTX_LEN)
+    struct.pack_into("<I", ctx, SKB_MARK, mark)
+    struct.pack_into("<II", ctx, SKB_INGRESS_IFINDEX, ingress_ifindex, ifindex)
+    return bytes(ctx)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -35,10 +50,14 @@ def test_run(
     repeat: int = 1,
     ingress_ifindex: int = 0,
     data_size_out: int | None = None,
+    ctx: bytes | None = None,
     what: str = "prog",
 ) -> TestRunResult:
     """bpf_prog_test_run_opts on ``data``. With ``repeat`` > 1 the kernel reuses one
-    buffer, so a rewriting program sees its own output from the second run on."""
+    buffer, so a rewriting program sees its own output from the second run on.
+
+    ``ctx`` is the program's context as bytes (e.g. :func:`skb_ctx` for TC); for XDP,
+    ``ingress_ifindex`` builds one instead."""
     size_out = len(data) + OUT_HEADROOM if data_size_out is None else data_size_out
     data_in = ffi.from_buffer(data)
     data_out = ffi.new("char[]", max(size_out, 1))
@@ -50,13 +69,17 @@ def test_run(
         data_size_out=size_out,
         repeat=repeat,
     )
-    ctx: Any = None
-    if prog_type == BPF_PROG_TYPE_XDP and ingress_ifindex:
+    c_ctx: Any = None
+    if ctx is not None:
+        c_ctx = ffi.from_buffer(ctx)
+        opts.ctx_in = c_ctx
+        opts.ctx_size_in = len(ctx)
+    elif prog_type == BPF_PROG_TYPE_XDP and ingress_ifindex:
         # The kernel wants data=0, data_end=len and resolves the ifindex in our netns.
-        ctx = ffi.new(
+        c_ctx = ffi.new(
             "struct xdp_md *", {"data_end": len(data), "ingress_ifindex": ingress_ifindex}
         )
-        opts.ctx_in = ctx
+        opts.ctx_in = c_ctx
         opts.ctx_size_in = ffi.sizeof("struct xdp_md")
     check(lib.bpf_prog_test_run_opts(prog_fd, opts), f"bpf_prog_test_run_opts({what})")
     return TestRunResult(
