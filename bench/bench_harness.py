@@ -97,11 +97,12 @@ def _csum(data: bytes) -> int:
     return ~s & 0xFFFF
 
 
-def tcp_syn(
+def tcp_ack(
     dst_mac: bytes, src: abi.IPAddress, dst: abi.IPAddress, sport: int, dport: int
 ) -> bytes:
-    """Ethernet + IPv4/IPv6 + a 20-byte TCP SYN, checksums right (no payload)."""
-    tcp = struct.pack("!HHIIBBHHH", sport, dport, 1, 0, 5 << 4, 0x02, 64240, 0, 0)
+    """Ethernet + IPv4/IPv6 + a 20-byte TCP ACK, checksums right (no payload). An ACK, not
+    a SYN: a SYN always takes the table (a new connection), never the connection table."""
+    tcp = struct.pack("!HHIIBBHHH", sport, dport, 1, 1, 5 << 4, 0x10, 64240, 0, 0)
     if src.version == 4:
         pseudo = src.packed + dst.packed + struct.pack("!BBH", 0, 6, len(tcp))
         tcp = tcp[:16] + struct.pack("!H", _csum(pseudo + tcp)) + tcp[18:]
@@ -173,11 +174,11 @@ class Case:
 
 
 def make_cases(lb_mac: bytes) -> list[Case]:
-    v4 = tcp_syn(lb_mac, CLIENT_V4, VIP_V4, CLIENT_PORT, VIP_PORT)
-    v6 = tcp_syn(lb_mac, CLIENT_V6, VIP_V6, CLIENT_PORT, VIP_PORT)
+    v4 = tcp_ack(lb_mac, CLIENT_V4, VIP_V4, CLIENT_PORT, VIP_PORT)
+    v6 = tcp_ack(lb_mac, CLIENT_V6, VIP_V6, CLIENT_PORT, VIP_PORT)
     # Not a VIP: traffic for the balancer host itself (its own address, port 22).
-    v4_other = tcp_syn(lb_mac, CLIENT_V4, LB_V4, CLIENT_PORT, 22)
-    v6_other = tcp_syn(lb_mac, CLIENT_V6, LB_V6, CLIENT_PORT, 22)
+    v4_other = tcp_ack(lb_mac, CLIENT_V4, LB_V4, CLIENT_PORT, 22)
+    v6_other = tcp_ack(lb_mac, CLIENT_V6, LB_V6, CLIENT_PORT, 22)
     ev = abi.Event
     return [
         Case("harness", "nop", v4, XDP_PASS),

@@ -39,9 +39,14 @@ int lb_xdp(struct xdp_md *ctx)
 	if (!cfg)
 		return lb_drop(XDPLB_DROP_NO_CONFIG);
 
-	/* 8, then 9 on a miss or a stale entry; the flow hash picks the table's set. */
+	/*
+	 * 8, then 9 on a miss or a stale entry; the flow hash picks the table's set.
+	 * A TCP SYN starts a new connection and follows the table whatever an old
+	 * entry of the same 5-tuple says (a reused port must not reach a backend
+	 * that has left the table since: down, drained, reweighted).
+	 */
 	fhash = xdplb_flow_hash((const __u32 *)&pkt.flow, cfg->hash_seed);
-	if (!lb_conn_lookup(&pkt, fhash, &tgt)) {
+	if (lb_is_syn(&pkt) || !lb_conn_lookup(&pkt, fhash, &tgt)) {
 		rc = lb_table_lookup(&pkt, vip, cfg, fhash, &tgt);
 		if (rc >= 0)
 			return rc;

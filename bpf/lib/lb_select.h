@@ -116,6 +116,13 @@ static __always_inline const struct xdplb_backend *lb_backend(__u32 id)
 	return be;
 }
 
+/* A TCP SYN without ACK: the first packet of a connection. */
+static __always_inline int lb_is_syn(const struct lb_pkt *pkt)
+{
+	return pkt->flow.proto == IPPROTO_TCP &&
+	       (pkt->tcp_flags & (LB_TCP_SYN | LB_TCP_ACK)) == LB_TCP_SYN;
+}
+
 /*
  * Step 8.  fhash is xdplb_flow_hash(&pkt->flow, seed): the set and the tag.
  * Returns 1 on a usable hit (tgt filled in), 0 otherwise.
@@ -241,8 +248,7 @@ static __always_inline int lb_table_lookup(const struct lb_pkt *pkt,
 		 * later hop has: recording it would pin it to the first hop, whose
 		 * packets then carry no later hops to daisy-chain to.
 		 */
-		if (pkt->flow.proto == IPPROTO_TCP &&
-		    (pkt->tcp_flags & (LB_TCP_SYN | LB_TCP_ACK)) != LB_TCP_SYN) {
+		if (pkt->flow.proto == IPPROTO_TCP && !lb_is_syn(pkt)) {
 			lb_count_event(XDPLB_EV_CONN_MISS);
 			return -1;
 		}

@@ -457,8 +457,8 @@ def _choose(
     ``starts``: the packet may start its connection (not TCP, or a SYN without ACK).
     """
     events: tuple[abi.Event, ...] = ()
-    # 8. Connection table.
-    conn = state.conns.get(key)
+    # 8. Connection table; a TCP SYN starts a new connection and follows the table.
+    conn = None if flow.proto == IPPROTO_TCP and starts else state.conns.get(key)
     if conn is not None:
         if state.backend_usable(conn.backend_id):
             return ((abi.Event.CONN_HIT,), None, conn.hash, None, (conn.backend_id,), None)
@@ -578,7 +578,8 @@ def apply(state: DataplaneState, decision: Decision) -> DataplaneState:
 
 
 def predict_backend(state: DataplaneState, flow: Flow) -> int | None:
-    """The backend a packet of ``flow`` goes to (steps 6-9), or None if it does not.
+    """The backend a packet of ``flow`` goes to (steps 6-9), or None if it does not: a
+    packet of an open connection (a TCP SYN skips the connection table).
 
     None covers "not a VIP" as well as the table drops; use :func:`decide` on a
     frame to learn which.
@@ -587,7 +588,10 @@ def predict_backend(state: DataplaneState, flow: Flow) -> int | None:
     if hit is None:
         return None
     _vip, params = hit
-    _events, drop, _hash, _bucket, hops, _insert = _choose(state, params, flow.key(), flow)
+    starts = flow.proto != IPPROTO_TCP
+    _events, drop, _hash, _bucket, hops, _insert = _choose(
+        state, params, flow.key(), flow, starts
+    )
     return None if drop is not None else hops[0]
 
 
@@ -743,13 +747,16 @@ MAC_DST = bytes.fromhex("02000000000b")
 MAC_SRC = bytes.fromhex("02000000000a")
 
 
-def l4_header(proto: int, sport: int, dport: int, payload: bytes = b"") -> bytes:
-    """A minimal TCP (SYN, data offset 5) or UDP header for ``payload``; checksums 0.
+def l4_header(
+    proto: int, sport: int, dport: int, payload: bytes = b"", tcp_flags: int = _TCP_SYN
+) -> bytes:
+    """A minimal TCP (SYN unless ``tcp_flags`` says otherwise, data offset 5) or UDP
+    header for ``payload``; checksums 0.
 
     lb_xdp never reads L4 checksums, so the builders do not compute them.
     """
     if proto == IPPROTO_TCP:
-        return struct.pack("!HHIIBBHHH", sport, dport, 1, 0, 5 << 4, 0x02, 65535, 0, 0)
+        return struct.pack("!HHIIBBHHH", sport, dport, 1, 0, 5 << 4, tcp_flags, 65535, 0, 0)
     if proto == IPPROTO_UDP:
         return struct.pack("!HHHH", sport, dport, UDP_HLEN + len(payload), 0)
     return b""
@@ -798,9 +805,17 @@ def ethernet(ip: bytes, version: int, *, vlan: int | None = None, tpid: int = ET
     return MAC_DST + MAC_SRC + tag + ethertype + ip
 
 
-def frame(flow: Flow, payload: bytes = b"", *, vlan: int | None = None, tos: int = 0) -> bytes:
-    """A well-formed Ethernet frame of ``flow`` carrying ``payload``."""
-    l4 = l4_header(flow.proto, flow.sport, flow.dport, payload) + payload
+def frame(
+    flow: Flow,
+    payload: bytes = b"",
+    *,
+    vlan: int | None = None,
+    tos: int = 0,
+    tcp_flags: int = _TCP_SYN,
+) -> bytes:
+    """A well-formed Ethernet frame of ``flow`` carrying ``payload`` (a TCP SYN unless
+    ``tcp_flags`` says otherwise)."""
+    l4 = l4_header(flow.proto, flow.sport, flow.dport, payload, tcp_flags) + payload
     return ethernet(
         ip_packet(flow.src, flow.dst, flow.proto, l4, tos=tos), flow.src.version, vlan=vlan
     )

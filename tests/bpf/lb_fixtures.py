@@ -141,8 +141,11 @@ def client_frame(
     payload: bytes = b"hello xdplb",
     vlan: int | None = None,
     tos: int = 0,
+    flags: str = "S",
 ) -> Packet:
-    """A client's frame to ``dst``, as it arrives on lb0."""
+    """A client's frame to ``dst``, as it arrives on lb0 (TCP: a SYN unless ``flags``
+    says otherwise; lb_xdp sends every SYN by the table, other packets by the
+    connection table first)."""
     if src is None:
         src = CLIENT4 if dst.version == 4 else CLIENT6
     l3: Packet
@@ -151,7 +154,7 @@ def client_frame(
     else:
         l3 = IPv6(src=str(src), dst=str(dst), tc=tos, fl=0x12345, hlim=63)
     l4 = (
-        TCP(sport=sport, dport=dport, flags="S", seq=1)
+        TCP(sport=sport, dport=dport, flags=flags, seq=1)
         if proto == TCP_
         else UDP(sport=sport, dport=dport)
     )

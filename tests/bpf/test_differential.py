@@ -38,6 +38,8 @@ pytestmark = pytest.mark.bpf
 V4 = ipaddress.IPv4Address
 V6 = ipaddress.IPv6Address
 TCP, UDP = abi.IPPROTO_TCP, abi.IPPROTO_UDP
+#: TCP flags of a first packet (a new connection) and of a packet of an open one.
+TCP_SYN, TCP_ACK = 0x02, 0x10
 N_FLOWS = 10_000
 SEED = 20240601
 
@@ -264,10 +266,11 @@ def random_flows(state: model.DataplaneState, n: int, seed: int) -> list[model.F
     return flows
 
 
-def frame_of(f: model.Flow, i: int) -> bytes:
+def frame_of(f: model.Flow, i: int, tcp_flags: int = TCP_SYN) -> bytes:
     """Vary what must not matter: payload, TOS, a VLAN tag, Ethernet padding."""
     payload = bytes((i * 7 + k) & 0xFF for k in range(i % 41))
-    fr = model.frame(f, payload, vlan=(i % 4000) + 1 if i % 10 == 3 else None, tos=(i * 4) & 0xFF)
+    vlan = (i % 4000) + 1 if i % 10 == 3 else None
+    fr = model.frame(f, payload, vlan=vlan, tos=(i * 4) & 0xFF, tcp_flags=tcp_flags)
     if i % 17 == 5:
         fr += b"\x00" * max(0, 60 - len(fr)) + b"\xee" * (i % 3)
     return fr
@@ -320,11 +323,13 @@ def run_all(
     state: model.DataplaneState,
     flows: list[model.Flow],
     conns: dict[bytes, model.ConnEntry],
+    tcp_flags: int = TCP_SYN,
 ) -> tuple[list[model.Decision], list[str], list[int]]:
-    """Every flow through both; ``conns`` (the state's table) follows the model's inserts."""
+    """Every flow through both; ``conns`` (the state's table) follows the model's inserts.
+    TCP flows are SYNs (new connections) unless ``tcp_flags`` says otherwise."""
     decisions, problems, backends = [], [], []
     for i, f in enumerate(flows):
-        fr = frame_of(f, i)
+        fr = frame_of(f, i, tcp_flags)
         d = model.decide(state, fr)
         r = mlb.run(fr)
         problem = check_forward(mlb, fr, d, r)
@@ -476,7 +481,7 @@ def test_known_flows_hit_the_connection_table(
     st0 = read_stats(mlb)
     ev0 = mlb.counters("lb_events", len(abi.Event))
 
-    second, problems, _ = run_all(mlb, state, flows, conns)
+    second, problems, _ = run_all(mlb, state, flows, conns, TCP_ACK)
     assert_none(problems)
     for a, b in zip(first, second, strict=True):
         assert b.events == (abi.Event.CONN_HIT,)
@@ -512,7 +517,7 @@ def test_deactivated_backend_makes_entries_stale(
         mlb.counters("lb_drops", len(abi.DropReason)),
     )
     st0 = read_stats(mlb)
-    third, problems, _ = run_all(mlb, state2, flows, conns)
+    third, problems, _ = run_all(mlb, state2, flows, conns, TCP_ACK)
     assert_none(problems)
     stale = [d for d in third if abi.Event.CONN_STALE in d.events]
     assert stale and any(d.drop is abi.DropReason.NO_BACKEND for d in stale)

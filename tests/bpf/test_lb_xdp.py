@@ -93,10 +93,14 @@ def test_fixture(lb: Lb, case: fx.Case) -> None:
 # --- more than one packet ------------------------------------------------------------------
 
 
-def _frame(lb: Lb, vip: str, sport: int = 40000, src: fx.IPAddress | None = None) -> bytes:
+def _frame(
+    lb: Lb, vip: str, sport: int = 40000, src: fx.IPAddress | None = None, flags: str = "S"
+) -> bytes:
     v = fx.VIPS[vip]
     return bytes(
-        fx.client_frame(v.addr, v.port, v.proto, src=src, sport=sport, lb_mac=lb.env.lb_mac)
+        fx.client_frame(
+            v.addr, v.port, v.proto, src=src, sport=sport, lb_mac=lb.env.lb_mac, flags=flags
+        )
     )
 
 
@@ -167,8 +171,9 @@ def test_second_packet_hits_the_connection_table_after_a_table_change(lb: Lb) ->
     # Every bucket now names another backend: the known flow must not move...
     other = next(b for b in fx.V4_BES if b != be_id)
     lb.set_table(vip.id, [other])
-    run_case(lb, frame, _known_flow(lb, frame, vip, be_id, h))
-    run_case(lb, frame, _known_flow(lb, frame, vip, be_id, h))
+    ack = _frame(lb, "tcp4", sport=41000, flags="A")
+    run_case(lb, ack, _known_flow(lb, ack, vip, be_id, h))
+    run_case(lb, ack, _known_flow(lb, ack, vip, be_id, h))
 
     # ... while a new flow follows the new table.
     fresh = _frame(lb, "tcp4", sport=41001)
@@ -186,6 +191,19 @@ def test_second_packet_hits_the_connection_table_after_a_table_change(lb: Lb) ->
     )
     run_case(lb, fresh, want)
 
+    # A SYN of the known flow's 5-tuple (a reused port) is a new connection: it
+    # follows the table too, and its entry replaces the old one.
+    want = fx.Expect(
+        fx.XDP_TX,
+        fx.encapsulated(frame, vip, be, h, eth_dst=be.mac, eth_src=lb.env.lb_mac),
+        events={Event.CONN_MISS: 1, Event.TX: 1},
+        vip_stats={vip.id: (1, ip_len, 1)},
+        be_stats={other: (1, ip_len, 1)},
+    )
+    run_case(lb, frame, want)
+    conn = lb.conn(frame)
+    assert conn is not None and conn.backend_id == other
+
 
 def test_stale_entry_rehashes_to_an_active_backend(lb: Lb) -> None:
     vip = fx.VIPS["tcp6"]
@@ -196,6 +214,7 @@ def test_stale_entry_rehashes_to_an_active_backend(lb: Lb) -> None:
     other = next(b for b in fx.V6_BES if b != be_id)
     lb.set_table(vip.id, [other])
     lb.set_backend(be_id, active=False)
+    frame = _frame(lb, "tcp6", sport=42000, flags="A")
     be = fx.BACKENDS[other]
     assert be.mac is not None
     ip_len = fx.flow_of(frame)[5]
@@ -220,6 +239,7 @@ def test_stale_entry_with_no_active_backend_left_is_dropped(lb: Lb) -> None:
     assert lb.run(frame).retval == fx.XDP_TX
     lb.set_backend(be_id, active=False)
     lb.set_table(vip.id, [be_id])
+    frame = _frame(lb, "tcp4", sport=42500, flags="A")
     want = fx.Expect(
         fx.XDP_DROP, frame, events={Event.CONN_STALE: 1}, drops={DropReason.NO_BACKEND: 1}
     )
@@ -301,6 +321,7 @@ def test_cached_next_hop_follows_a_readdressed_backend(lb: Lb) -> None:
     frame = _frame(lb, "tcp4", sport=44000)
     be_id, h = fx.pick(frame, vip)
     run_case(lb, frame, fx.new_flow("tcp4")(lb.env, frame))  # fills the cache
+    frame = _frame(lb, "tcp4", sport=44000, flags="A")
     # Same slot, now the address of a backend with no neighbour entry.
     moved = fx.BACKENDS[7]
     lb.obj.map("lb_backends").update(struct.pack("<I", be_id), abi.Backend.make(moved.addr).pack())

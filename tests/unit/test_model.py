@@ -320,10 +320,15 @@ def test_src_hash_key_keeps_only_the_source() -> None:
 # --- 8. Connection table ------------------------------------------------------------------
 
 
+def ack(f: m.Flow) -> bytes:
+    """A packet of an open connection: TCP without SYN (a SYN skips the connection table)."""
+    return m.frame(f, tcp_flags=0x10)
+
+
 def test_conn_hit_uses_stored_backend_and_hash() -> None:
     f = flow()
     s = state(conns={f.key(): m.ConnEntry(3, 0x1234_5678)})
-    d = m.decide(s, m.frame(f))
+    d = m.decide(s, ack(f))
     assert d.outcome is m.Outcome.FORWARD
     assert d.events == (abi.Event.CONN_HIT,)
     assert (d.backend_id, d.flow_hash, d.gue_sport) == (3, 0x1234_5678, 0x8000 | 0x5678)
@@ -334,14 +339,24 @@ def test_conn_hit_uses_stored_backend_and_hash() -> None:
 def test_conn_hit_needs_no_table() -> None:
     f = flow(VIP4_NOTABLE)
     s = state(conns={f.key(): m.ConnEntry(2, 7)})
-    assert m.decide(s, m.frame(f)).backend_id == 2
+    assert m.decide(s, ack(f)).backend_id == 2
+
+
+def test_a_syn_follows_the_table_whatever_the_connection_table_says() -> None:
+    """A reused 5-tuple is a new connection: it must not reach a backend that left."""
+    f = flow()
+    s = state(conns={f.key(): m.ConnEntry(5, 7)})
+    d = m.decide(s, m.frame(f))
+    assert d.events == (abi.Event.CONN_MISS,)
+    assert d.backend_id == table_choice(f, [1, 2, 3]) != 5
+    assert d.conn_insert == (f.key(), m.ConnEntry(d.backend_id, expected_hash(f)))
 
 
 @pytest.mark.parametrize("dead", [5, 0, 99, abi.MAX_BACKENDS])
 def test_conn_to_an_unusable_backend_is_stale(dead: int) -> None:
     f = flow()
     s = state(conns={f.key(): m.ConnEntry(dead, 7)})
-    d = m.decide(s, m.frame(f))
+    d = m.decide(s, ack(f))
     assert d.events == (abi.Event.CONN_STALE, abi.Event.CONN_MISS)
     assert d.backend_id == table_choice(f, [1, 2, 3])
     assert d.conn_insert == (f.key(), m.ConnEntry(d.backend_id, expected_hash(f)))
@@ -349,16 +364,16 @@ def test_conn_to_an_unusable_backend_is_stale(dead: int) -> None:
 
 def test_stale_then_no_table_drops_with_both_counted() -> None:
     f = flow(VIP4_NOTABLE)
-    d = m.decide(state(conns={f.key(): m.ConnEntry(5, 7)}), m.frame(f))
+    d = m.decide(state(conns={f.key(): m.ConnEntry(5, 7)}), ack(f))
     assert (d.drop, d.events) == (abi.DropReason.NO_TABLE, (abi.Event.CONN_STALE,))
 
 
 def test_apply_makes_the_next_packet_a_hit() -> None:
     f = flow()
     first = m.decide(S, m.frame(f))
-    second = m.decide(m.apply(S, first), m.frame(f))
+    second = m.decide(m.apply(S, first), ack(f))
     assert second.events == (abi.Event.CONN_HIT,)
-    assert second.packet == first.packet
+    assert (second.backend_id, second.gue_sport) == (first.backend_id, first.gue_sport)
     assert m.apply(S, second) is S
 
 
@@ -426,7 +441,7 @@ def test_beamer_leaves_out_an_unusable_second_hop(desc: str, second: int) -> Non
 
 def test_beamer_conn_hit_has_one_hop() -> None:
     f = flow(VIP4_BEAMER)
-    d = m.decide(state(conns={f.key(): m.ConnEntry(1, 5)}), m.frame(f))
+    d = m.decide(state(conns={f.key(): m.ConnEntry(1, 5)}), ack(f))
     assert d.hops == (1,)
 
 
@@ -685,7 +700,7 @@ def test_predict_many_matches_predict_backend(flows: list[m.Flow], with_conns: b
         want = m.predict_backend(s, f)
         assert int(got.backend[i]) == (want or 0), f
         if want is not None:
-            d = m.decide(s, m.frame(f))
+            d = m.decide(s, ack(f))
             assert int(got.flow_hash[i]) == d.flow_hash
             assert int(got.gue_sport[i]) == d.gue_sport
 
