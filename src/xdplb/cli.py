@@ -147,6 +147,7 @@ def stop(
 ) -> None:
     """Stop the daemon of an instance, detach its programs and remove its pins."""
     from xdplb.daemon import read_pid
+    from xdplb.datapath.hc import destroy_health_tunnel
     from xdplb.datapath.lb import destroy
 
     name = _instance(config, instance)
@@ -162,6 +163,7 @@ def stop(
                 err.print(f"daemon {pid} did not exit within {timeout:g} s")
                 raise typer.Exit(EXIT_RUNTIME)
             time.sleep(0.05)
+    destroy_health_tunnel(name)  # the device and rules of this namespace, the pins
     destroy(name)
     console.print(f"instance {name} stopped and detached")
 

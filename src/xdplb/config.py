@@ -8,6 +8,7 @@ a refused configuration never reaches the data path.
 from __future__ import annotations
 
 import ipaddress
+import re
 from collections.abc import Iterator
 from enum import StrEnum
 from pathlib import Path
@@ -18,6 +19,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from xdplb import abi
 from xdplb.errors import ConfigError
+from xdplb.health.config import HealthCheckConfig
 from xdplb.maglev import is_prime
 
 IPAddress = ipaddress.IPv4Address | ipaddress.IPv6Address
@@ -78,6 +80,8 @@ class BackendConfig(_Model):
     """Tunnel endpoint; the host runs host_tc and has the VIP on its loopback."""
     weight: Annotated[int, Field(ge=0, le=65535)] = 1
     """Relative share of new flows; 0 keeps the backend configured but out of the table."""
+    health: HealthCheckConfig | None = None
+    """This backend's own health check, instead of the VIP's."""
 
 
 class BeamerConfig(_Model):
@@ -102,15 +106,68 @@ class WeightBounds(_Model):
         return self
 
 
+_HOST_PORT = r"^(\[[0-9A-Fa-f:.]+\]|[0-9.]+):[0-9]{1,5}$"
+
+
+def _split_host_port(listen: str) -> tuple[str, int]:
+    host, _, port = listen.rpartition(":")
+    return host.strip("[]"), int(port)
+
+
+class AgentsConfig(_Model):
+    """Where the backends' agents (``python -m xdplb.agent``) send their reports: load
+    for ``load_feedback``, open connections for graceful drain, host_tc counters."""
+
+    listen: Annotated[str, Field(pattern=_HOST_PORT)]
+    """``address:port`` (``[v6]:port``): a management address, since reports are not
+    authenticated."""
+
+    @property
+    def address(self) -> tuple[str, int]:
+        return _split_host_port(self.listen)
+
+
+class ApiConfig(_Model):
+    """The daemon's HTTP API, metrics and status page."""
+
+    listen: str = ""
+    """``unix:/path``, ``address:port`` or ``[v6]:port``; empty: the unix socket
+    ``/run/xdplb/<instance>.api.sock`` (root only)."""
+    token: Annotated[str, Field(min_length=16, max_length=4096)] | None = None
+    """Bearer token every request must carry; required unless the API listens on a unix
+    socket or a loopback address."""
+    token_file: Path | None = None
+    """Read the token from this file instead (its first line)."""
+
+    @model_validator(mode="after")
+    def _check(self) -> ApiConfig:
+        if self.token is not None and self.token_file is not None:
+            raise _FieldError("token_file", "give token or token_file, not both")
+        if self.listen and not self.listen.startswith("unix:"):
+            if not re.match(_HOST_PORT, self.listen):
+                raise _FieldError("listen", "must be unix:/path, address:port or [v6]:port")
+            host, port = _split_host_port(self.listen)
+            try:
+                addr = ipaddress.ip_address(host)
+            except ValueError:
+                raise _FieldError("listen", f"{host!r} is not an IP address") from None
+            if not 0 < port < 65536:
+                raise _FieldError("listen", f"port {port} is out of range")
+            if not addr.is_loopback and self.token is None and self.token_file is None:
+                raise _FieldError(
+                    "token", "required when the API listens on a non-loopback address"
+                )
+        elif self.listen == "unix:":
+            raise _FieldError("listen", "unix: needs a path")
+        return self
+
+
 class LoadFeedbackConfig(_Model):
     """Load-aware weights (Bilibili's Nickel): ``xdplb.agent`` on each backend reports CPU
     use and request rate; the weights of VIPs with ``load_feedback: true`` move toward
     equal load, damped, within bounds, never faster than ``min_interval`` (nor than a
-    Beamer table's own). Off unless this section is present."""
+    Beamer table's own). Off unless this section is present; needs ``agents``."""
 
-    listen: Annotated[str, Field(pattern=r"^(\[[0-9A-Fa-f:.]+\]|[0-9.]+):[0-9]{1,5}$")]
-    """``address:port`` (``[v6]:port``) where agents send their reports: a management
-    address, since reports are not authenticated."""
     gain: Annotated[float, Field(gt=0, le=1)] = 0.5
     """Fraction of the distance to equal load covered by one change."""
     deadband: Annotated[float, Field(ge=0, lt=1)] = 0.05
@@ -134,11 +191,6 @@ class LoadFeedbackConfig(_Model):
             raise _FieldError("settle", "must be below min_interval")
         return self
 
-    @property
-    def address(self) -> tuple[str, int]:
-        host, _, port = self.listen.rpartition(":")
-        return host.strip("[]"), int(port)
-
 
 class VipConfig(_Model):
     """A virtual service: (address, port, protocol) and where its flows go."""
@@ -159,7 +211,24 @@ class VipConfig(_Model):
     load_feedback: bool = False
     """Let the backends' reported load move their weights (needs the top-level
     ``load_feedback`` section)."""
+    health: HealthCheckConfig | None = None
+    """Health check of every backend of this VIP (a backend may have its own); none:
+    the backends count as up. A backend that fails leaves the table until it recovers."""
     backends: list[BackendConfig] = Field(default_factory=list)
+
+    @model_validator(mode="after")
+    def _check_ports(self) -> VipConfig:
+        if self.port:
+            return self
+        checks = [("health", self.health)]
+        checks += [(f"backends[{i}].health", b.health) for i, b in enumerate(self.backends)]
+        for where, hc in checks:
+            if hc is not None and hc.checker.kind != "command" and hc.checker.check_port is None:
+                raise _FieldError(
+                    f"{where}.checker.{hc.checker.kind}.check_port",
+                    "required: the VIP is a wildcard (port 0)",
+                )
+        return self
 
     @model_validator(mode="after")
     def _size(self) -> VipConfig:
@@ -219,6 +288,9 @@ class Config(_Model):
     table_size: int = abi.DEFAULT_TABLE_SIZE
     """Default number of buckets of a Maglev table (a prime, > 100 x backends for <1% imbalance)."""
     tunnel: TunnelConfig = Field(default_factory=TunnelConfig)
+    api: ApiConfig = Field(default_factory=ApiConfig)
+    agents: AgentsConfig | None = None
+    """Reports from the backends' agents; absent: none are received."""
     load_feedback: LoadFeedbackConfig | None = None
     """Load-aware weights; absent: weights are exactly those configured."""
     vips: list[VipConfig] = Field(default_factory=list)
@@ -265,6 +337,8 @@ class Config(_Model):
                         f"vips[{i}].backends[{j}].address",
                         "an IPv6 backend needs tunnel.source_v6",
                     )
+        if self.load_feedback is not None and self.agents is None:
+            raise _FieldError("load_feedback", "needs the agents section (where reports arrive)")
         for i, vip in enumerate(self.vips):
             if vip.load_feedback and self.load_feedback is None:
                 raise _FieldError(

@@ -1,31 +1,45 @@
-"""The LB daemon: load, attach, apply the configuration, and keep applying it.
+"""The LB daemon: load, attach, apply the configuration, keep applying it, and serve
+its operators.
 
 Lifecycle (DESIGN.md §2):
 - start: lb_xdp is loaded with its maps pinned per instance; existing pins are reused, so
   the connection table survives a restart, and existing XDP links are switched to the new
   program atomically;
-- reload on SIGHUP or when the file changes: a configuration that fails validation
-  changes nothing (the error names the field) and the running one keeps serving;
+- reload on SIGHUP, on ``POST /api/v1/reload`` or when the file changes: a configuration
+  that fails validation changes nothing (the error names the field) and the running one
+  keeps serving;
 - SIGTERM/SIGINT: the daemon exits and leaves the programs attached (restart/upgrade);
 - ``xdplb stop``: the daemon exits and the instance is detached and unpinned.
+
+One asyncio loop runs everything: the HTTP API (uvicorn, :mod:`xdplb.api`), the health
+checks (:mod:`xdplb.health`), the agents' reports, and the changes they cause, which
+:class:`~xdplb.runtime.Runtime` plans and pushes to the maps between two awaits. A
+backend's health changing wakes the loop at once, so a failure reaches the data path
+as soon as its check says so.
 """
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import logging
 import os
 import signal
-import threading
+import socket
+import stat
 import time
+from collections.abc import Iterator
 from pathlib import Path
-from types import FrameType
 
-from xdplb import planner
-from xdplb.config import Config, XdpModeName, load_config
-from xdplb.datapath import XdpMode
-from xdplb.datapath.lb import LbDatapath
+import uvicorn
+
+from xdplb.agent import ReportReceiver
+from xdplb.api import create_app
+from xdplb.client import api_socket
+from xdplb.config import ApiConfig
 from xdplb.errors import ConfigError
-from xdplb.feedback import WeightFeedback
+from xdplb.metrics import Metrics
+from xdplb.runtime import Runtime
 
 log = logging.getLogger("xdplb.daemon")
 
@@ -54,131 +68,166 @@ def read_pid(instance: str) -> int | None:
     return pid
 
 
+def api_token(api: ApiConfig) -> str | None:
+    if api.token_file is None:
+        return api.token
+    try:
+        token = api.token_file.read_text().splitlines()[0].strip()
+    except (OSError, IndexError) as e:
+        raise ConfigError(
+            "api.token_file", f"cannot read a token from {api.token_file}: {e}"
+        ) from None
+    if len(token) < 16:
+        raise ConfigError("api.token_file", "the token must be at least 16 characters")
+    return token
+
+
+def bind_api(api: ApiConfig, instance: str) -> socket.socket:
+    """The API's listening socket: a unix socket only root can use, or TCP."""
+    if not api.listen or api.listen.startswith("unix:"):
+        path = Path(api.listen.removeprefix("unix:")) if api.listen else api_socket(instance)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with contextlib.suppress(FileNotFoundError):
+            if stat.S_ISSOCK(path.lstat().st_mode):
+                path.unlink()  # a previous daemon's (read_pid said none is running)
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        old = os.umask(0o177)
+        try:
+            sock.bind(str(path))
+        finally:
+            os.umask(old)
+    else:
+        host, _, port = api.listen.rpartition(":")
+        host = host.strip("[]")
+        sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind((host, int(port)))
+    sock.listen(128)
+    sock.setblocking(False)
+    return sock
+
+
+class _ApiServer(uvicorn.Server):
+    """uvicorn without its signal handlers: the daemon owns SIGTERM, SIGINT and SIGHUP."""
+
+    @contextlib.contextmanager
+    def capture_signals(self) -> Iterator[None]:
+        yield
+
+
 class Daemon:
-    """One LB instance, driven by one configuration file."""
+    """One LB instance, driven by one configuration file and its API."""
 
     def __init__(self, config_path: Path) -> None:
-        self.config_path = config_path
-        self.config: Config = load_config(config_path)  # ConfigError: refuse to start
-        self._mtime = self._file_mtime()
-        self._reload = threading.Event()
-        self._stop = threading.Event()
-        self.dp = LbDatapath(self.config.instance)
-        #: Beamer tables as last built, by vip id (the maps hold hops, not history).
-        self.memory: dict[int, planner.BeamerMemory] = {}
-        #: Load-aware weights, when the configuration asks for them.
-        self.feedback: WeightFeedback | None = None
-        #: Some Beamer table still has steps to take (see planner.beamer_pending).
-        self.beamer_pending = False
-
-    def _file_mtime(self) -> float:
-        try:
-            return self.config_path.stat().st_mtime
-        except OSError:
-            return 0.0
-
-    def _follow_feedback(self, cfg: Config) -> None:
-        """Start, reconfigure or stop load feedback as ``cfg`` says."""
-        lf = cfg.load_feedback
-        if lf is None:
-            if self.feedback is not None:
-                self.feedback.close()
-                self.feedback = None
-            return
-        try:
-            if self.feedback is None:
-                self.feedback = WeightFeedback(lf)
-            self.feedback.configure(cfg)
-        except OSError as e:
-            # The balancer serves on with the configured weights; the log says why.
-            log.error("load feedback off: cannot listen on %s: %s", lf.listen, e)
-            if self.feedback is not None:
-                self.feedback.close()
-            self.feedback = None
-
-    def apply(self, cfg: Config) -> int:
-        """Make interfaces and maps match ``cfg``; returns the number of map operations."""
-        mode = XdpMode.GENERIC if cfg.xdp_mode is XdpModeName.GENERIC else XdpMode.NATIVE
-        for ifname in cfg.interfaces:
-            if self.dp.attach(ifname, mode):
-                log.info("attached lb_xdp to %s (%s)", ifname, cfg.xdp_mode)
-        for ifname in self.dp.attached():
-            if ifname not in cfg.interfaces:
-                self.dp.detach(ifname)
-                log.info("detached lb_xdp from %s", ifname)
-        self._follow_feedback(cfg)
-        wanted = self.feedback.effective(cfg) if self.feedback is not None else cfg
-        now = time.monotonic()
-        snap = self.dp.snapshot()
-        ops = planner.plan(wanted, snap, now=now, memory=self.memory)
-        t0 = time.perf_counter()
-        self.dp.apply(ops)
-        for op in ops:
-            if isinstance(op, planner.PutTable) and op.beamer_table is not None:
-                self.memory[op.vip_id] = planner.BeamerMemory(op.beamer_table, now)
-            elif isinstance(op, planner.PutTable | planner.DeleteTable):
-                self.memory.pop(op.vip_id, None)
-        if ops:
-            log.info(
-                "applied %d map operations in %.1f ms", len(ops), 1e3 * (time.perf_counter() - t0)
-            )
-        self.beamer_pending = planner.beamer_pending(wanted, planner.apply_to_snapshot(snap, ops))
-        self.config = cfg
-        return len(ops)
+        self.rt = Runtime(config_path, RUN_DIR)  # ConfigError: refuse to start
+        self.metrics = Metrics(self.rt)
+        self.rt.on_rebuild = self.metrics.observe_rebuild
+        self._mtime = self.rt.config_file_mtime()
+        self._receiver: ReportReceiver | None = None
+        self._receiver_at: tuple[str, int] | None = None
+        self._stop = asyncio.Event()
+        self._wake = asyncio.Event()
+        self._reload = False
 
     def reload(self) -> bool:
         """Re-read the file; apply it if valid. False (and nothing changed) if not."""
-        self._mtime = self._file_mtime()
+        self._mtime = self.rt.config_file_mtime()
         try:
-            cfg = load_config(self.config_path)
+            self.rt.reload()
         except ConfigError as e:
             log.error("configuration refused, still serving the previous one: %s", e)
             return False
-        if cfg.instance != self.config.instance:
-            log.error(
-                "configuration refused: instance cannot change while running (%s -> %s)",
-                self.config.instance,
-                cfg.instance,
-            )
-            return False
-        self.apply(cfg)
         return True
 
-    def _on_signal(self, signum: int, _frame: FrameType | None) -> None:
-        if signum == signal.SIGHUP:
-            self._reload.set()
-        else:
-            self._stop.set()
+    def _follow_agents(self) -> None:
+        """Open, move or close the socket agents report to, as the configuration says."""
+        agents = self.rt.running.agents
+        want = agents.address if agents is not None else None
+        if want == self._receiver_at:
+            return
+        loop = asyncio.get_running_loop()
+        if self._receiver is not None:
+            loop.remove_reader(self._receiver.fileno())
+            self._receiver.close()
+            self._receiver, self._receiver_at = None, None
+        if want is None:
+            return
+        try:
+            self._receiver = ReportReceiver(want)
+        except OSError as e:
+            # The balancer serves on without reports; the log says why.
+            log.error("agents' reports off: cannot listen on %s: %s", agents.listen, e)  # type: ignore[union-attr]
+            return
+        self._receiver_at = want
+        loop.add_reader(self._receiver.fileno(), self._on_reports)
+        log.info("agents' reports: listening on %s", agents.listen)  # type: ignore[union-attr]
 
-    def run(self) -> None:
+    def _on_reports(self) -> None:
+        if self._receiver is not None:
+            self.rt.on_reports(self._receiver.poll(), time.monotonic())
+            if self.rt.dirty:
+                self._wake.set()
+
+    def _request_reload(self) -> None:
+        self._reload = True
+        self._wake.set()
+
+    async def serve(self) -> None:
         """Serve until SIGTERM/SIGINT. Programs stay attached when this returns."""
-        for sig in (signal.SIGHUP, signal.SIGTERM, signal.SIGINT):
-            signal.signal(sig, self._on_signal)
-        self.apply(self.config)
+        loop = asyncio.get_running_loop()
+        loop.add_signal_handler(signal.SIGHUP, self._request_reload)
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, self._stop.set)
+        self.rt.wake = self._wake.set
+        rt = self.rt
+        token = api_token(rt.running.api)
+        sock = bind_api(rt.running.api, rt.instance)
+        rt.apply()
+        self._follow_agents()
         RUN_DIR.mkdir(parents=True, exist_ok=True)
-        pid_file(self.config.instance).write_text(f"{os.getpid()}\n")
-        log.info("instance %s serving %d VIPs", self.config.instance, len(self.config.vips))
+        pid_file(rt.instance).write_text(f"{os.getpid()}\n")
+        app = create_app(rt, token=token, metrics=self.metrics)
+        server = _ApiServer(
+            uvicorn.Config(app, log_level="warning", access_log=False, lifespan="off")
+        )
+        tasks = [
+            asyncio.create_task(server.serve(sockets=[sock]), name="api"),
+            asyncio.create_task(rt.health.run(), name="health"),
+        ]
+        log.info("instance %s serving %d VIPs", rt.instance, len(rt.running.vips))
         last_plan = time.monotonic()
         try:
             while not self._stop.is_set():
-                self._reload.wait(POLL_INTERVAL)
+                with contextlib.suppress(TimeoutError):
+                    async with asyncio.timeout(POLL_INTERVAL):
+                        await self._wake.wait()
+                self._wake.clear()
+                for t in tasks:
+                    if t.done() and not t.cancelled() and t.exception() is not None:
+                        raise t.exception()  # type: ignore[misc]
                 if self._stop.is_set():
                     break
-                if self._reload.is_set() or self._file_mtime() != self._mtime:
-                    self._reload.clear()
+                now = time.monotonic()
+                if self._reload or rt.config_file_mtime() != self._mtime:
+                    self._reload = False
                     self.reload()
-                    last_plan = time.monotonic()
-                elif self.feedback is not None and self.feedback.step(time.monotonic()):
-                    self.apply(self.config)  # new weights from the backends' load
-                    last_plan = time.monotonic()
-                elif self.beamer_pending and time.monotonic() - last_plan >= REPLAN_INTERVAL:
-                    self.apply(self.config)
-                    last_plan = time.monotonic()
+                    self._follow_agents()
+                elif rt.dirty or (rt.beamer_pending and now - last_plan >= REPLAN_INTERVAL):
+                    rt.apply()
+                else:
+                    continue
+                last_plan = now
         finally:
-            pid = pid_file(self.config.instance)
-            if read_pid(self.config.instance) == os.getpid():
-                pid.unlink(missing_ok=True)
-            if self.feedback is not None:
-                self.feedback.close()
-            self.dp.close()
-            log.info("instance %s: daemon exits, programs stay attached", self.config.instance)
+            server.should_exit = True
+            for t in tasks[1:]:
+                t.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+            if self._receiver is not None:
+                self._receiver.close()
+            if read_pid(rt.instance) == os.getpid():
+                pid_file(rt.instance).unlink(missing_ok=True)
+            rt.close()
+            log.info("instance %s: daemon exits, programs stay attached", rt.instance)
+
+    def run(self) -> None:
+        asyncio.run(self.serve())

@@ -1,19 +1,20 @@
 """The daemon's side of load-aware weights: agents' reports in, VIP weights out.
 
 :mod:`xdplb.loadfeedback` is the control law (pure); :mod:`xdplb.agent` the wire format
-and the receiving socket. This module keeps one controller per VIP that asked for it
-(``load_feedback: true``), feeds it the reports of that VIP's backends (an agent's
-``--name`` is its backend's address, as written in the configuration), and gives the
-daemon the configuration with the controlled weights in place of the configured ones.
+and the receiving socket (the daemon's, shared with graceful drain). This module keeps
+one controller per VIP that asked for it (``load_feedback: true``), feeds it the reports
+of that VIP's backends (an agent's ``--name`` is its backend's address, as written in the
+configuration), and gives the daemon the configuration with the controlled weights in
+place of the configured ones.
 """
 
 from __future__ import annotations
 
 import logging
+from collections.abc import Sequence
 
-from xdplb.agent import ReportReceiver
 from xdplb.config import BackendConfig, Config, LoadFeedbackConfig, TableKindName, VipConfig
-from xdplb.loadfeedback import Bounds, FeedbackConfig, LoadController
+from xdplb.loadfeedback import Bounds, FeedbackConfig, LoadController, LoadReport
 
 log = logging.getLogger("xdplb.feedback")
 
@@ -46,19 +47,14 @@ class WeightFeedback:
 
     def __init__(self, lf: LoadFeedbackConfig) -> None:
         self.settings = lf
-        self.receiver = ReportReceiver(lf.address)
         self.controllers: dict[VipName, LoadController] = {}
         self._inputs: dict[VipName, tuple[FeedbackConfig, dict[str, int]]] = {}
-        log.info("load feedback: listening for reports on %s", lf.listen)
 
     def configure(self, cfg: Config) -> None:
         """Follow a new configuration; a VIP whose settings and base weights did not
         change keeps its controller (and what it learned)."""
         lf = cfg.load_feedback
         assert lf is not None
-        if lf.address != self.settings.address:
-            self.receiver.close()
-            self.receiver = ReportReceiver(lf.address)
         self.settings = lf
         wanted = {vip.name: vip for vip in cfg.vips if vip.load_feedback and vip.backends}
         for name in list(self.controllers):
@@ -70,9 +66,8 @@ class WeightFeedback:
                 self.controllers[name] = LoadController(*inputs)
                 self._inputs[name] = inputs
 
-    def step(self, now: float) -> bool:
-        """Take the waiting reports; True when some VIP's weights changed."""
-        reports = self.receiver.poll()
+    def step(self, now: float, reports: Sequence[LoadReport]) -> bool:
+        """Take new reports; True when some VIP's weights changed."""
         changed = False
         for name, ctl in self.controllers.items():
             mine = self._inputs[name][1]
@@ -100,6 +95,3 @@ class WeightFeedback:
             ]
             vips.append(vip.model_copy(update={"backends": backends}))
         return cfg.model_copy(update={"vips": vips})
-
-    def close(self) -> None:
-        self.receiver.close()

@@ -17,7 +17,9 @@ and new table appear in one ``lb_vips`` update instead of two racing ones.
 
 Beamer tables have a history: each plan moves a table one policy step (after its
 minimum interval) from the table the maps hold, and a backend stays in ``lb_backends``
-while any table names it, as a later hop serving the connections it still has.
+while any table names it, as a later hop serving the connections it still has. A
+backend whose weight drops to 0 (removed, down, drained) is the exception: its buckets
+move in the next plan, all of them.
 """
 
 from __future__ import annotations
@@ -158,6 +160,11 @@ def _beamer_table(
     else:  # a restarted daemon: the hops are in the map, the buckets' ages are not
         table, last = beamer.from_lookup_table(current), None
     policy = beamer.Policy(min_interval=vip.beamer.min_interval, max_step=vip.beamer.max_step)
+    if any(weights.get(i, 0) == 0 for i in current.counts()):
+        # A first hop without weight (removed, down or drained) must take no new
+        # connection from now on: its buckets move at once, whatever the pace of
+        # weight changes. It stays their previous hop for the connections it has.
+        policy = beamer.Policy(min_interval=0.0, max_step=1.0)
     return beamer.Scheduler(policy).step(table, weights, now, last)
 
 

@@ -26,13 +26,13 @@ def lb(lab: Lab, tmp_path_factory: pytest.TempPathFactory) -> Iterator[LbNode]:
         {"address": "198.18.100.1", "port": 443, "backends": backends},
     ]
     feedback = {
-        "listen": f"{lab.addr('lb')}:{PORT}",
         "min_interval": 1.0,
         "settle": 0.2,
         "max_age": 2.0,
         "gain": 1.0,
     }
-    node = LbNode(lab, tmp_path_factory.mktemp("fb"), vips, load_feedback=feedback)
+    agents = {"listen": f"{lab.addr('lb')}:{PORT}"}
+    node = LbNode(lab, tmp_path_factory.mktemp("fb"), vips, agents=agents, load_feedback=feedback)
     node.start(wait=False)
     yield node
     node.destroy()

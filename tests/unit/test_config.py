@@ -145,3 +145,56 @@ def test_bad_yaml_and_missing_file(tmp_path: Path) -> None:
     path.write_text("- a list\n")
     with pytest.raises(ConfigError, match="mapping"):
         load_config(path)
+
+
+NICKEL_CHECK = """
+{"checker": {"http": {"scheme": "http", "uri": "/", "check_port": 9080, "codes": [200]}},
+ "fall_count": 2, "interval_ms": 2000, "rise_count": 2}
+"""
+
+
+def test_health_checks_in_nickels_format_per_vip_and_per_backend() -> None:
+    import yaml
+
+    data = good()
+    data["vips"][0]["health"] = yaml.safe_load(NICKEL_CHECK)
+    data["vips"][0]["backends"][1]["health"] = {"checker": {"tcp": {}}, "via": "direct"}
+    cfg = parse_config(data)
+    hc = cfg.vips[0].health
+    assert hc is not None and hc.checker.kind == "http" and hc.checker.check_port == 9080
+    assert (hc.fall_count, hc.rise_count, hc.interval_ms, hc.via) == (2, 2, 2000, "tunnel")
+    assert cfg.vips[0].backends[1].health is not None
+    # A wildcard VIP's check must say which port to check.
+    data["vips"][1]["health"] = {"checker": {"udp": {}}}
+    with pytest.raises(ConfigError) as exc:
+        parse_config(data)
+    assert exc.value.field == "vips[1].health.checker.udp.check_port"
+    data["vips"][1]["health"] = {"checker": {"command": {"command": ["true"]}}}
+    parse_config(data)  # a command needs no port
+    data["vips"][0]["health"]["rise_count"] = 0
+    with pytest.raises(ConfigError) as exc:
+        parse_config(data)
+    assert exc.value.field == "vips[0].health.rise_count"
+
+
+@pytest.mark.parametrize(
+    ("api", "field"),
+    [
+        ({"listen": "198.18.0.2:9180"}, "api.token"),
+        ({"listen": "localhost:9180"}, "api.listen"),
+        ({"listen": "unix:"}, "api.listen"),
+        ({"listen": "127.0.0.1:9180", "token": "short"}, "api.token"),
+        ({"token": "x" * 16, "token_file": "/etc/t"}, "api.token_file"),
+    ],
+)
+def test_api_refusals_name_the_field(api: dict[str, Any], field: str) -> None:
+    with pytest.raises(ConfigError) as exc:
+        parse_config({**good(), "api": api})
+    assert exc.value.field == field
+
+
+def test_api_endpoints() -> None:
+    assert parse_config({**good(), "api": {"listen": "127.0.0.1:9180"}}).api.token is None
+    cfg = parse_config({**good(), "api": {"listen": "[::]:9180", "token": "t" * 32}})
+    assert cfg.api.listen == "[::]:9180"
+    assert parse_config({**good(), "api": {"listen": "unix:/run/x.sock"}}).api.listen

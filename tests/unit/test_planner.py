@@ -260,3 +260,24 @@ def test_beamer_pending_until_the_table_reaches_its_weights() -> None:
     # From 1/2 to 3/4 of 4,096 buckets is 1,024 moves, 409 per step.
     assert steps == 3
     assert not beamer_pending(config([vip("198.18.100.1", 80, *two)]), snap)
+
+
+def test_a_weightless_first_hop_leaves_its_beamer_buckets_at_once() -> None:
+    """Down, drained or removed: its buckets move in the next plan, whatever the policy
+    (min_interval, max_step), and it stays their previous hop."""
+    three = ("198.18.0.11", "198.18.0.12", "198.18.0.13")
+    slow = {"min_interval": 3600.0, "max_step": 0.01}
+    cfg = config([beamer_vip(*three, **slow)])
+    ops, snap = converge(cfg, Snapshot())
+    put = next(o for o in ops if isinstance(o, PutTable))
+    assert put.beamer_table is not None
+    memory = {put.vip_id: BeamerMemory(put.beamer_table, changed_at=100.0)}
+    out = next(i for i, b in snap.backends.items() if b.addr == ip("198.18.0.13"))
+    cfg2 = config([beamer_vip("198.18.0.11", "198.18.0.12", ("198.18.0.13", 0), **slow)])
+    ops2 = plan(cfg2, snap, now=101.0, memory=memory)  # well inside the minimum interval
+    table = apply_to_snapshot(snap, ops2).tables[put.vip_id]
+    assert out not in table.counts()
+    assert table.rest is not None and (table.rest[put.beamer_table.first == out, 0] == out).all()
+    # A weight change of live backends still waits for its interval.
+    cfg3 = config([beamer_vip(("198.18.0.11", 3), "198.18.0.12", "198.18.0.13", **slow)])
+    assert not [o for o in plan(cfg3, snap, now=101.0, memory=memory) if isinstance(o, PutTable)]

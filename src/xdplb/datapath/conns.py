@@ -86,6 +86,16 @@ class ConnTable:
         """Entries in the table."""
         return int(np.count_nonzero(self.sets()["backend_id"]))
 
+    def estimate_count(self, samples: int = 2048) -> int:
+        """Entries in the table, estimated from ``samples`` sets spread evenly over it:
+        a few milliseconds instead of reading all of it (for status and metrics)."""
+        step = max(1, SETS // samples)
+        used = sum(
+            int(np.count_nonzero(np.frombuffer(self._read_raw(i), dtype=SET_DTYPE)["backend_id"]))
+            for i in range(0, SETS, step)
+        )
+        return used * step
+
     def entries(self) -> dict[bytes, tuple[int, int]]:
         """Flow key -> (backend id, hash), for every entry."""
         sets = self.sets()

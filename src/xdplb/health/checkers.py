@@ -67,8 +67,10 @@ class Target:
     """The VIP's name or address, for the command's environment (XDPLB_VIP)."""
 
     def __post_init__(self) -> None:
-        if not 1 <= self.port <= 65535:
-            raise ValueError(f"port must be between 1 and 65535, got {self.port}")
+        # A command may stand for a wildcard VIP (port 0); a connection needs a port.
+        low = 0 if self.check.checker.kind == "command" else 1
+        if not low <= self.port <= 65535:
+            raise ValueError(f"port must be between {low} and 65535, got {self.port}")
         if not 0 <= self.mark <= 0xFFFFFFFF:
             raise ValueError(f"mark must fit in 32 bits, got {self.mark}")
         if self.source is not None and self.source.version != self.address.version:

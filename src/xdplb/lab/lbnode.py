@@ -14,9 +14,11 @@ import time
 from pathlib import Path
 from typing import Any
 
+import httpx
 import yaml
 
 from xdplb import paths, planner
+from xdplb.client import api_socket
 from xdplb.config import Config, parse_config
 from xdplb.datapath.lb import LbMaps, destroy
 from xdplb.errors import LabError
@@ -133,6 +135,29 @@ class LbNode:
 
     def _attached(self) -> bool:
         return (paths.pin_root(self.instance) / "links" / "xdp_eth0").exists()
+
+    @property
+    def api_socket(self) -> Path:
+        """The daemon's API socket (unix sockets are not per network namespace)."""
+        return api_socket(self.instance)
+
+    def api(self, timeout: float = 10.0) -> httpx.Client:
+        """A client of the daemon's API (the caller closes it)."""
+        return httpx.Client(
+            transport=httpx.HTTPTransport(uds=str(self.api_socket)),
+            base_url="http://xdplb",
+            timeout=timeout,
+        )
+
+    def cli(self, *args: str, timeout: float = 30.0) -> subprocess.CompletedProcess[str]:
+        """``xdplb ARGS -i <instance>`` as an operator would run it."""
+        return subprocess.run(
+            [sys.executable, "-m", "xdplb.cli", *args, "-i", self.instance],
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+            check=False,
+        )
 
     def maps(self) -> LbMaps:
         """The daemon's pinned maps (the caller closes them)."""

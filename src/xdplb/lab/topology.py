@@ -293,14 +293,18 @@ class Lab:
         self._procs.append(proc)
         return proc
 
-    def start_servers(self, *args: str, timeout: float = 5.0) -> list[subprocess.Popen[str]]:
-        """Start :mod:`xdplb.lab.apps` (servers that say who they are) on every backend,
-        with extra ``args`` (e.g. ``"--udp", "53"``); returns once each is listening."""
+    def start_servers(
+        self, *args: str, timeout: float = 5.0, names: Sequence[str] | None = None
+    ) -> list[subprocess.Popen[str]]:
+        """Start :mod:`xdplb.lab.apps` (servers that say who they are) on every backend
+        (or those ``names``), with extra ``args`` (e.g. ``"--udp", "53"``); returns once
+        each is listening."""
         procs = []
-        for name in self.backends:
+        names = self.backends if names is None else list(names)
+        for name in names:
             argv = [sys.executable, "-m", "xdplb.lab.apps", "--name", name, *args]
             procs.append(self.popen(name, argv, stdout=subprocess.PIPE, text=True))
-        for name, proc in zip(self.backends, procs, strict=True):
+        for name, proc in zip(names, procs, strict=True):
             assert proc.stdout is not None
             ready, _, _ = select.select([proc.stdout], [], [], timeout)
             if not ready or proc.stdout.readline().strip() != "ready":

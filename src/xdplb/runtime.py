@@ -1,0 +1,365 @@
+"""The running instance: what it was told, what it observes, and what the maps hold.
+
+:class:`Runtime` implements :class:`~xdplb.control.Controller` for the daemon. It holds
+
+- the running configuration (the file's, plus changes made through the API) and the
+  file's own, to tell whether the two differ;
+- operator state: drained backends, kept in ``/run/xdplb/<instance>.admin.json`` so a
+  daemon restart does not bring a drained backend back;
+- observed state: health (from :mod:`xdplb.health`), open connections and host_tc
+  counters (from the agents), load feedback;
+
+and turns them into map operations: configuration -> load feedback -> overlay (down and
+drained backends out, :mod:`xdplb.overlay`) -> planner -> maps. It does no waiting and
+owns no event loop: the daemon calls it from its loop.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import json
+import logging
+import os
+import time
+from collections.abc import Callable, Hashable, Sequence
+from pathlib import Path
+
+import yaml
+
+from xdplb import abi, planner
+from xdplb.config import Config, XdpModeName, load_config
+from xdplb.control import (
+    Admin,
+    BackendStatus,
+    ChangeResult,
+    ConnTableStatus,
+    DrainStatus,
+    Health,
+    Status,
+    VipRef,
+    VipStatus,
+)
+from xdplb.datapath import XdpMode
+from xdplb.datapath.lb import LbDatapath
+from xdplb.drain import ConnectionCounts, drain_done
+from xdplb.errors import ConfigError
+from xdplb.feedback import WeightFeedback
+from xdplb.health import HealthMonitor
+from xdplb.health.targets import HealthTargets
+from xdplb.loadfeedback import LoadReport
+from xdplb.overlay import Member, Overlay, effective
+
+log = logging.getLogger("xdplb.runtime")
+
+IPAddress = ipaddress.IPv4Address | ipaddress.IPv6Address
+
+
+class Runtime:
+    """One LB instance's state and the changes it accepts (see the module docstring)."""
+
+    def __init__(self, config_path: Path, run_dir: Path) -> None:
+        self.config_path = config_path
+        self.file_config: Config = load_config(config_path)  # ConfigError: refuse to start
+        self.running = self.file_config
+        self.instance = self.running.instance
+        self.admin_path = run_dir / f"{self.instance}.admin.json"
+        self.started = time.monotonic()
+        self.dp = LbDatapath(self.instance)
+        #: Beamer tables as last built, by vip id (the maps hold hops, not history).
+        self.memory: dict[int, planner.BeamerMemory] = {}
+        self.feedback: WeightFeedback | None = None
+        #: Some Beamer table still has steps to take (see planner.beamer_pending).
+        self.beamer_pending = False
+        #: Drained (or draining) members, with when the drain began (monotonic).
+        self.drains: dict[Member, float] = self._load_admin()
+        self.down: set[Member] = set()
+        self.last_live: dict[str, dict[IPAddress, int]] = {}
+        self.all_down: set[str] = set()
+        self.counts = ConnectionCounts()
+        self.health = HealthMonitor(self._on_health)
+        self.targets = HealthTargets(self.instance)
+        #: Set by the daemon: called when something changed that needs a new plan.
+        self.wake: Callable[[], None] = lambda: None
+        self.dirty = False
+        self.rebuilds = 0
+        self.last_rebuild_ms: float | None = None
+        #: Called with the seconds each plan that changed the maps took (metrics).
+        self.on_rebuild: Callable[[float], None] = lambda seconds: None
+
+    # -- applying ------------------------------------------------------------------------
+
+    def apply(self, cfg: Config | None = None) -> int:
+        """Make interfaces, maps and health checks match ``cfg`` (default: the running
+        configuration); returns the number of map operations."""
+        cfg = cfg or self.running
+        self.dirty = False
+        mode = XdpMode.GENERIC if cfg.xdp_mode is XdpModeName.GENERIC else XdpMode.NATIVE
+        for ifname in cfg.interfaces:
+            if self.dp.attach(ifname, mode):
+                log.info("attached lb_xdp to %s (%s)", ifname, cfg.xdp_mode)
+        for ifname in self.dp.attached():
+            if ifname not in cfg.interfaces:
+                self.dp.detach(ifname)
+                log.info("detached lb_xdp from %s", ifname)
+        self._follow_feedback(cfg)
+        self.health.set_targets(self.targets.update(cfg))
+        members = {(v.name, b.address) for v in cfg.vips for b in v.backends}
+        self.down &= members
+        if self.drains.keys() - members:
+            self.drains = {m: t for m, t in self.drains.items() if m in members}
+            self._save_admin()
+        weighted = self.feedback.effective(cfg) if self.feedback is not None else cfg
+        eff = effective(
+            weighted, Overlay(frozenset(self.down), frozenset(self.drains)), self.last_live
+        )
+        for name in eff.all_down - self.all_down:
+            log.warning("VIP %s: every backend is down, keeping its last table", name)
+        self.last_live, self.all_down = eff.last_live, eff.all_down
+        wanted = eff.config
+        now = time.monotonic()
+        snap = self.dp.snapshot()
+        ops = planner.plan(wanted, snap, now=now, memory=self.memory)
+        t0 = time.perf_counter()
+        self.dp.apply(ops)
+        for op in ops:
+            if isinstance(op, planner.PutTable) and op.beamer_table is not None:
+                self.memory[op.vip_id] = planner.BeamerMemory(op.beamer_table, now)
+            elif isinstance(op, planner.PutTable | planner.DeleteTable):
+                self.memory.pop(op.vip_id, None)
+        if ops:
+            took = time.perf_counter() - t0
+            self.rebuilds += 1
+            self.last_rebuild_ms = 1e3 * took
+            self.on_rebuild(took)
+            log.info("applied %d map operations in %.1f ms", len(ops), 1e3 * took)
+        self.beamer_pending = planner.beamer_pending(wanted, planner.apply_to_snapshot(snap, ops))
+        self.running = cfg
+        return len(ops)
+
+    def _follow_feedback(self, cfg: Config) -> None:
+        if cfg.load_feedback is None:
+            self.feedback = None
+            return
+        if self.feedback is None:
+            self.feedback = WeightFeedback(cfg.load_feedback)
+        self.feedback.configure(cfg)
+
+    def _on_health(self, key: Hashable, up: bool) -> None:
+        member: Member = key  # type: ignore[assignment]
+        state = self.health.state(key)
+        detail = state.last_detail if state is not None else ""
+        log.warning(
+            "%s backend %s is %s (%s)", member[0], member[1], "up" if up else "down", detail
+        )
+        if up:
+            self.down.discard(member)
+        else:
+            self.down.add(member)
+        self.dirty = True
+        self.wake()
+
+    def on_reports(self, reports: Sequence[LoadReport], now: float) -> None:
+        """Reports from the agents: open connections, and load for load feedback. Only
+        configured backends' reports are kept (they are not authenticated)."""
+        known = {str(a) for a in self.running.backend_addresses()}
+        reports = [r for r in reports if r.backend in known]
+        for r in reports:
+            self.counts.observe(r, r.at)
+        if self.feedback is not None and self.feedback.step(now, reports):
+            self.dirty = True  # new weights from the backends' load
+
+    def close(self) -> None:
+        self.targets.close()
+        self.dp.close()
+
+    # -- the Controller ------------------------------------------------------------------
+
+    def config(self) -> Config:
+        return self.running
+
+    def replace_config(self, cfg: Config, *, persist: bool) -> ChangeResult:
+        if cfg.instance != self.instance:
+            raise ConfigError(
+                "instance", f"cannot change while running ({self.instance} -> {cfg.instance})"
+            )
+        n = self.apply(cfg)
+        if persist:
+            self._write_file(cfg)
+        return self._result(n, persist)
+
+    def reload(self) -> ChangeResult:
+        """Re-read the file; apply it if valid. ConfigError (nothing changed) if not."""
+        cfg = load_config(self.config_path)
+        if cfg.instance != self.instance:
+            raise ConfigError(
+                "instance", f"cannot change while running ({self.instance} -> {cfg.instance})"
+            )
+        self.file_config = cfg
+        return self._result(self.apply(cfg), False)
+
+    def _result(self, n: int, persisted: bool) -> ChangeResult:
+        return ChangeResult(
+            operations=n, persisted=persisted, runtime_changes=self.running != self.file_config
+        )
+
+    def _write_file(self, cfg: Config) -> None:
+        doc = cfg.model_dump(mode="json", exclude_defaults=True)
+        tmp = self.config_path.with_name(f".{self.config_path.name}.tmp")
+        tmp.write_text(
+            "# Written by xdplb (API change with persist=true); comments are not kept.\n"
+            + yaml.safe_dump(doc, sort_keys=False)
+        )
+        tmp.replace(self.config_path)  # atomic: a reader never sees half a file
+        self.file_config = cfg
+
+    def config_file_mtime(self) -> float:
+        try:
+            return self.config_path.stat().st_mtime
+        except OSError:
+            return 0.0
+
+    def _member(self, vip: VipRef, backend: IPAddress) -> Member:
+        for v in self.running.vips:
+            if v.name == vip.name:
+                if any(b.address == backend for b in v.backends):
+                    return (v.name, backend)
+                raise KeyError(f"VIP {vip.name} has no backend {backend}")
+        raise KeyError(f"no VIP {vip.name}")
+
+    def drain(self, vip: VipRef, backend: IPAddress) -> DrainStatus:
+        member = self._member(vip, backend)
+        if member not in self.drains:
+            self.drains[member] = time.monotonic()
+            self._save_admin()
+            log.info("%s backend %s: draining", *member)
+            self.apply()
+        return self.drain_status(vip, backend)
+
+    def enable(self, vip: VipRef, backend: IPAddress) -> DrainStatus:
+        member = self._member(vip, backend)
+        if self.drains.pop(member, None) is not None:
+            self._save_admin()
+            log.info("%s backend %s: enabled", *member)
+            self.apply()
+        return self.drain_status(vip, backend)
+
+    def drain_status(self, vip: VipRef, backend: IPAddress) -> DrainStatus:
+        member = self._member(vip, backend)
+        count = self.counts.established(backend, vip.address, vip.port)
+        since = self.drains.get(member)
+        done = drain_done(count, since) if since is not None else None
+        return DrainStatus(
+            vip=vip.name,
+            backend=str(backend),
+            admin=self._admin(member),
+            established=count.value if count is not None else None,
+            done=done,
+        )
+
+    def _admin(self, member: Member) -> Admin:
+        since = self.drains.get(member)
+        if since is None:
+            return "enabled"
+        vip = next(v for v in self.running.vips if v.name == member[0])
+        count = self.counts.established(member[1], vip.address, vip.port)
+        return "drained" if drain_done(count, since) else "draining"
+
+    def _load_admin(self) -> dict[Member, float]:
+        try:
+            doc = json.loads(self.admin_path.read_text())
+            now = time.monotonic()
+            # The drain clock restarts with the daemon: "done" needs a report after this.
+            return {(v, ipaddress.ip_address(a)): now for v, a in doc.get("drained", [])}
+        except FileNotFoundError:
+            return {}
+        except (OSError, ValueError, TypeError) as e:
+            log.error("ignoring %s: %s", self.admin_path, e)
+            return {}
+
+    def _save_admin(self) -> None:
+        doc = {"drained": sorted([v, str(a)] for v, a in self.drains)}
+        self.admin_path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = self.admin_path.with_suffix(".tmp")
+        tmp.write_text(json.dumps(doc) + "\n")
+        os.replace(tmp, self.admin_path)
+
+    # -- status --------------------------------------------------------------------------
+
+    def status(self) -> Status:
+        snap = self.dp.snapshot()
+        counters = self.dp.counters(exact_conns=False)
+        ids = {b.addr: i for i, b in snap.backends.items() if b.active}
+        weighted = self.feedback.effective(self.running) if self.feedback else self.running
+        eff = effective(
+            weighted, Overlay(frozenset(self.down), frozenset(self.drains)), self.last_live
+        ).config
+        now = time.monotonic()
+        vips = []
+        for vip, vip_w, vip_e in zip(self.running.vips, weighted.vips, eff.vips, strict=True):
+            params = snap.vips.get(planner.vip_key(vip))
+            table = snap.tables.get(params.vip_id) if params is not None else None
+            share = table.counts() if table is not None else {}
+            size = len(table) if table is not None else 1
+            stats = counters.vips.get(params.vip_id, abi.Stats()) if params else abi.Stats()
+            backends = []
+            for b, bw, be in zip(vip.backends, vip_w.backends, vip_e.backends, strict=True):
+                member = (vip.name, b.address)
+                bid = ids.get(b.address)
+                bstats = counters.backends.get(bid, abi.Stats()) if bid else abi.Stats()
+                hs = self.health.state(member)
+                health: Health = "unchecked" if hs is None else ("up" if hs.up else "down")
+                count = self.counts.established(b.address, vip.address, vip.port)
+                chain = self.counts.chain_events(b.address)
+                backends.append(
+                    BackendStatus(
+                        address=str(b.address),
+                        id=bid,
+                        weight=bw.weight,
+                        effective_weight=be.weight,
+                        health=health,
+                        health_detail=hs.last_detail if hs is not None else "",
+                        health_changed_ago=now - hs.since
+                        if hs is not None and hs.checked
+                        else None,
+                        admin=self._admin(member),
+                        established=count.value if count is not None else None,
+                        table_share=share.get(bid, 0) / size if bid else 0.0,
+                        packets=bstats.packets,
+                        bytes=bstats.bytes,
+                        new_flows=bstats.new_flows,
+                        second_hop_forwards=chain.get("forward") if chain is not None else None,
+                    )
+                )
+            vips.append(
+                VipStatus(
+                    name=vip.name,
+                    address=str(vip.address),
+                    port=vip.port,
+                    protocol=str(vip.protocol),
+                    encap=str(vip.encap),
+                    hash=str(vip.hash),
+                    table=str(vip.table),
+                    table_size=self.running.vip_table_size(vip),
+                    id=params.vip_id if params is not None else None,
+                    all_down=vip.name in self.all_down,
+                    health_checked=any(b.health for b in vip.backends) or vip.health is not None,
+                    packets=stats.packets,
+                    bytes=stats.bytes,
+                    new_flows=stats.new_flows,
+                    backends=backends,
+                )
+            )
+        return Status(
+            instance=self.instance,
+            config_path=str(self.config_path),
+            attached=self.dp.attached(),
+            runtime_changes=self.running != self.file_config,
+            uptime=now - self.started,
+            vips=vips,
+            drops={r.name.lower(): n for r, n in counters.drops.items()},
+            events={e.name.lower(): n for e, n in counters.events.items()},
+            conn_table=ConnTableStatus(capacity=abi.CONN_SETS * abi.CONN_WAYS, used=counters.conns),
+            rebuilds=self.rebuilds,
+            last_rebuild_ms=self.last_rebuild_ms,
+            health_checks=self.health.checks_total,
+        )

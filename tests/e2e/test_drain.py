@@ -1,0 +1,127 @@
+"""Graceful drain through the real daemon and the real CLI: a drained backend gets no new
+connection, its established connections finish their transfers intact, and
+``xdplb backend drain --wait`` returns within a second of the last one closing (the
+backends' agents count their open connections). ``backend enable`` brings it back."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from xdplb.lab import Lab
+from xdplb.lab.agents import start_agent
+from xdplb.lab.lbnode import LbNode
+from xdplb.lab.traffic import EchoStream
+
+pytestmark = pytest.mark.e2e
+
+VIP = "198.18.100.1"
+VIP_NAME = f"{VIP}:7/tcp"
+PORT = 19701
+
+
+@pytest.fixture
+def lb(lab: Lab, tmp_path: Path) -> Iterator[LbNode]:
+    procs = lab.start_servers()
+    to = f"{lab.addr('lb')}:{PORT}"
+    agents = [start_agent(lab, b, to=to, interval=0.2) for b in lab.backends]
+    backends = [{"address": str(lab.addr(b))} for b in lab.backends]
+    node = LbNode(
+        lab,
+        tmp_path,
+        [{"address": VIP, "port": 7, "backends": backends}],
+        agents={"listen": to},
+    )
+    node.start()
+    yield node
+    node.destroy()
+    for p in [*procs, *agents]:
+        p.kill()
+        p.wait()
+
+
+def first_hops(node: LbNode) -> set[str]:
+    with node.maps() as maps:
+        snap = maps.snapshot()
+    (params,) = snap.vips.values()
+    table = snap.tables[params.vip_id]
+    return {str(snap.backends[i].addr) for i in table.counts()}
+
+
+def test_drain_wait_enable(lab: Lab, lb: LbNode) -> None:
+    b1 = str(lab.addr("b1"))
+    ns = lab.ns("client")
+    streams = [EchoStream.open(ns, VIP, 7) for _ in range(30)]
+    on_b1 = [s for s in streams if s.backend == "b1"]
+    assert len(on_b1) >= 3, [s.backend for s in streams]
+    drain = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "xdplb.cli",
+            "backend",
+            "drain",
+            VIP_NAME,
+            b1,
+            "--wait",
+            "--timeout",
+            "60",
+            "-i",
+            lb.instance,
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    try:
+        deadline = time.monotonic() + 5
+        while b1 in first_hops(lb):
+            assert time.monotonic() < deadline, lb.log_tail()
+            time.sleep(0.02)
+        # No new connection lands on b1.
+        fresh = [EchoStream.open(ns, VIP, 7) for _ in range(30)]
+        assert "b1" not in {s.backend for s in fresh}
+        for s in fresh:
+            s.close()
+        # Its established connections go on, byte for byte, and the agent counts them.
+        for _ in range(20):
+            for s in streams:
+                s.exchange(2048)
+        with lb.api() as api:
+            path = f"/api/v1/vips/{VIP}/7/tcp/backends/{b1}/drain"
+            deadline = time.monotonic() + 3
+            while (st := api.get(path).json())["established"] != len(on_b1):
+                assert time.monotonic() < deadline, st
+                time.sleep(0.05)
+            assert st["admin"] == "draining" and st["done"] is False
+            assert drain.poll() is None  # still waiting
+            for s in streams:
+                if s.backend != "b1":
+                    s.close()
+            time.sleep(0.5)
+            assert drain.poll() is None  # other backends' connections do not count
+            for s in on_b1:
+                s.close()
+            closed = time.monotonic()
+            out, _ = drain.communicate(timeout=5)
+            took = time.monotonic() - closed
+            assert drain.returncode == 0, out
+            assert took < 1.0, f"--wait returned {took:.2f} s after the last close\n{out}"
+            st = api.get(path).json()
+            assert st["admin"] == "drained" and st["established"] == 0 and st["done"] is True
+        done = lb.cli("backend", "enable", VIP_NAME, b1)
+        assert done.returncode == 0, done.stdout + done.stderr
+        deadline = time.monotonic() + 5
+        while b1 not in first_hops(lb):
+            assert time.monotonic() < deadline, lb.log_tail()
+            time.sleep(0.02)
+    finally:
+        drain.kill()
+        drain.wait()
+        for s in streams:
+            s.close()

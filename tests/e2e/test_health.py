@@ -1,0 +1,190 @@
+"""Health checks through the real daemon: a backend whose server dies leaves the table
+within interval x fall_count (+ one interval), new connections avoid it, it comes back
+after rise_count good checks; checks travel through the tunnel, so a backend whose
+decapsulation is broken is down too; when every backend is down the VIP keeps its last
+table and says so.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import threading
+import time
+from collections import Counter
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from xdplb.datapath import tc_detach
+from xdplb.lab import Lab
+from xdplb.lab.lbnode import LbNode
+from xdplb.lab.traffic import ExchangeError, http_post
+
+pytestmark = pytest.mark.e2e
+
+VIP = "198.18.100.1"
+INTERVAL = 0.3
+JITTER = 0.1
+FALL, RISE = 2, 2
+#: What the daemon adds to a check's verdict: planning, pushing, a busy 2-core machine.
+SLACK = 0.5
+
+
+def check(**kw: Any) -> dict[str, Any]:
+    return {
+        "checker": {"http": {"uri": "/", "codes": [200]}},
+        "interval_ms": int(INTERVAL * 1000),
+        "timeout_ms": 200,
+        "fall_count": FALL,
+        "rise_count": RISE,
+        "jitter": JITTER,
+        **kw,
+    }
+
+
+@pytest.fixture
+def servers(lab: Lab) -> Iterator[dict[str, subprocess.Popen[str]]]:
+    procs = dict(zip(lab.backends, lab.start_servers(), strict=True))
+    yield procs
+    for p in procs.values():
+        p.kill()
+        p.wait()
+
+
+@pytest.fixture
+def lb(lab: Lab, tmp_path: Path, servers: Any) -> Iterator[LbNode]:
+    backends = [{"address": str(lab.addr(b))} for b in lab.backends]
+    vips = [{"address": VIP, "port": 80, "health": check(), "backends": backends}]
+    node = LbNode(lab, tmp_path, vips)
+    node.start()
+    yield node
+    node.destroy()
+
+
+def shares(node: LbNode) -> dict[str, float]:
+    """Table share per backend address of the VIP, as the maps hold it now."""
+    with node.maps() as maps:
+        snap = maps.snapshot()
+    params = next(iter(snap.vips.values()))
+    table = snap.tables.get(params.vip_id)
+    if table is None:
+        return {}
+    return {str(snap.backends[i].addr): n / len(table) for i, n in table.counts().items()}
+
+
+def wait_for(pred: Callable[[], bool], timeout: float, what: str, node: LbNode) -> float:
+    """Seconds until ``pred()`` holds (polled every 10 ms); fails after ``timeout``."""
+    t0 = time.monotonic()
+    while not pred():
+        assert time.monotonic() - t0 < timeout, f"{what}: not after {timeout} s\n{node.log_tail()}"
+        time.sleep(0.01)
+    return time.monotonic() - t0
+
+
+def bound(count: int) -> float:
+    """The issue's bound: interval x count (+ one interval), at the jitter's longest."""
+    return INTERVAL * (1 + JITTER) * (count + 1) + SLACK
+
+
+class Traffic:
+    """New HTTP connections from the client, one after another, in a thread."""
+
+    def __init__(self, lab: Lab) -> None:
+        self.lab = lab
+        self.log: list[tuple[float, str | None]] = []  # (time, backend or None: failed)
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def _run(self) -> None:
+        ns = self.lab.ns("client")
+        while not self._stop.is_set():
+            try:
+                who: str | None = http_post(ns, VIP, 80, b"x", timeout=1.0)
+            except ExchangeError:
+                who = None
+            self.log.append((time.monotonic(), who))
+
+    def __enter__(self) -> Traffic:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join()
+
+    def since(self, t: float) -> Counter[str | None]:
+        return Counter(who for at, who in self.log if at >= t)
+
+
+def test_dead_backend_leaves_and_returns(
+    lab: Lab, lb: LbNode, servers: dict[str, subprocess.Popen[str]]
+) -> None:
+    b2 = str(lab.addr("b2"))
+    wait_for(lambda: len(shares(lb)) == 3, 5, "three backends in the table", lb)
+    with Traffic(lab) as traffic:
+        time.sleep(0.5)
+        servers["b2"].kill()
+        servers["b2"].wait()
+        killed = time.monotonic()
+        out = wait_for(lambda: b2 not in shares(lb), bound(FALL), "b2 out of the table", lb)
+        gone = time.monotonic()
+        time.sleep(1.0)
+        # Only connections before b2 was out could fail; after, every one succeeds
+        # and none lands on b2.
+        after = traffic.since(gone)
+        assert after[None] == 0 and after["b2"] == 0, after
+        assert after["b1"] > 5 and after["b3"] > 5, after
+        assert all(who != "b2" for at, who in traffic.log if killed < at)
+        servers["b2"] = lab.start_servers(names=["b2"])[0]
+        back = wait_for(lambda: b2 in shares(lb), bound(RISE), "b2 back in the table", lb)
+        time.sleep(1.0)
+        assert traffic.since(time.monotonic() - 0.8)["b2"] > 0
+    print(f"b2 out {out:.2f} s after its server died, back {back:.2f} s after it returned")
+    with lb.api() as api:
+        st = api.get("/api/v1/status").json()
+    (b,) = [b for b in st["vips"][0]["backends"] if b["address"] == b2]
+    assert b["health"] == "up" and b["effective_weight"] == 1
+
+
+def test_broken_decap_is_down(lab: Lab, lb: LbNode) -> None:
+    """The check goes through the tunnel: b3 without host_tc fails it."""
+    b3 = str(lab.addr("b3"))
+    wait_for(lambda: len(shares(lb)) == 3, 5, "three backends in the table", lb)
+    att = lab.hosts["b3"]
+    with lab.enter("b3"):
+        tc_detach(att.ifindex, ingress=True)
+    try:
+        wait_for(lambda: b3 not in shares(lb), bound(FALL) + 0.3, "b3 out", lb)
+        with lb.api() as api:
+            st = api.get("/api/v1/status").json()
+        (b,) = [b for b in st["vips"][0]["backends"] if b["address"] == b3]
+        assert b["health"] == "down" and "timeout" in b["health_detail"], b
+    finally:
+        with lab.enter("b3"):
+            att.dp.attach(att.ifindex)
+    wait_for(lambda: b3 in shares(lb), bound(RISE), "b3 back", lb)
+
+
+def test_all_down_keeps_the_last_table(
+    lab: Lab, lb: LbNode, servers: dict[str, subprocess.Popen[str]]
+) -> None:
+    b3 = str(lab.addr("b3"))
+    wait_for(lambda: len(shares(lb)) == 3, 5, "three backends in the table", lb)
+    for name in ("b1", "b2"):
+        servers[name].kill()
+    wait_for(lambda: list(shares(lb)) == [b3], bound(FALL), "only b3 left", lb)
+    servers["b3"].kill()
+    with lb.api() as api:
+        wait_for(
+            lambda: api.get("/api/v1/status").json()["vips"][0]["all_down"],
+            bound(FALL),
+            "all_down in status",
+            lb,
+        )
+        metrics = api.get("/metrics").text
+    assert list(shares(lb)) == [b3]  # the last table: traffic is not black-holed
+    assert f'xdplb_vip_all_down{{vip="{VIP}:80/tcp"}} 1.0' in metrics
+    servers.update(zip(lab.backends, lab.start_servers(), strict=True))
+    wait_for(lambda: len(shares(lb)) == 3, bound(RISE), "all three back", lb)
