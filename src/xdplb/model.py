@@ -589,9 +589,7 @@ def predict_backend(state: DataplaneState, flow: Flow) -> int | None:
         return None
     _vip, params = hit
     starts = flow.proto != IPPROTO_TCP
-    _events, drop, _hash, _bucket, hops, _insert = _choose(
-        state, params, flow.key(), flow, starts
-    )
+    _events, drop, _hash, _bucket, hops, _insert = _choose(state, params, flow.key(), flow, starts)
     return None if drop is not None else hops[0]
 
 

@@ -239,6 +239,7 @@ def test_editing_the_file_reloads_without_a_signal(lab: Lab, lb: LbNode) -> None
 
 def test_status_and_stop(lab: Lab, lb: LbNode) -> None:
     cli = [sys.executable, "-m", "xdplb.cli"]
+    # From the daemon, through its API.
     out = subprocess.run(
         [*cli, "status", "-i", lb.instance, "--json"], check=True, capture_output=True, text=True
     ).stdout
@@ -246,13 +247,23 @@ def test_status_and_stop(lab: Lab, lb: LbNode) -> None:
     assert status["attached"] == ["eth0"]
     assert {v["address"] for v in status["vips"]} == {VIP4, VIP4_WEIGHTED, VIP6}
     assert all(v["packets"] > 0 for v in status["vips"] if v["port"] == 80)
-    assert status["events"]["tx"] > 0 and status["connections"] > 0
-    shares = next(v["table_share"] for v in status["vips"] if v["address"] == VIP4_WEIGHTED)
-    assert sorted(round(s, 2) for s in shares.values()) == [0.25, 0.25, 0.5]
+    assert status["events"]["tx"] > 0 and status["conn_table"]["capacity"] == 65536 * 4
+    weighted = next(v for v in status["vips"] if v["address"] == VIP4_WEIGHTED)
+    shares = [b["table_share"] for b in weighted["backends"]]
+    assert sorted(round(s, 2) for s in shares) == [0.25, 0.25, 0.5]
     table = subprocess.run(
         [*cli, "status", "-i", lb.instance], check=True, capture_output=True, text=True
     ).stdout
-    assert "198.18.100.2:80/tcp" in table and "Backends" in table
+    assert "198.18.100.2:80" in table and "-> 198.18.0.11" in table
+    # Without the daemon (stopped for an upgrade), from the pinned maps.
+    lb.stop_daemon()
+    out = subprocess.run(
+        [*cli, "status", "-i", lb.instance, "--json"], check=True, capture_output=True, text=True
+    ).stdout
+    status = json.loads(out)
+    assert status["attached"] == ["eth0"] and status["connections"] > 0
+    shares = next(v["table_share"] for v in status["vips"] if v["address"] == VIP4_WEIGHTED)
+    assert sorted(round(s, 2) for s in shares.values()) == [0.25, 0.25, 0.5]
 
     stopped = subprocess.run([*cli, "stop", "-i", lb.instance], capture_output=True, text=True)
     assert stopped.returncode == 0, stopped.stderr

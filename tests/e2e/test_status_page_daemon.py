@@ -40,9 +40,7 @@ def test_status_page_of_the_daemon(lab: Lab, tmp_path: Path) -> None:
     try:
         with Browser(ns=lab.ns("lb")) as b:
             b.open(f"http://127.0.0.1:{PORT}/?token={TOKEN}")
-            b.wait_for(
-                lambda b: int(b.attr("body", "data-updated") or 0) >= 2, message="two polls"
-            )
+            b.wait_for(lambda b: int(b.attr("body", "data-updated") or 0) >= 2, message="two polls")
             assert b.attr("body", "data-connection") == "live"
             assert b.text('[data-field="instance"]') == node.instance
             addrs = [str(lab.addr(n)) for n in lab.backends]

@@ -87,8 +87,23 @@ class LbNode:
             stderr=subprocess.STDOUT,
         )
         log.close()
+        self._wait_serving(timeout)
         if wait:
             self.wait_applied(timeout)
+
+    def _wait_serving(self, timeout: float) -> None:
+        """Until the daemon has written its pid file: its signal handlers are in place
+        (a SIGHUP before would kill it) and it has applied its configuration once."""
+        from xdplb.daemon import read_pid
+
+        assert self.proc is not None
+        deadline = time.monotonic() + timeout
+        while read_pid(self.instance) != self.proc.pid:
+            if self.proc.poll() is not None:
+                raise LabError(f"the LB daemon exited: {self.log_tail()}")
+            if time.monotonic() > deadline:
+                raise LabError(f"the LB daemon did not start: {self.log_tail()}")
+            time.sleep(0.02)
 
     def stop_daemon(self, timeout: float = 10.0) -> None:
         """SIGTERM the daemon: it exits and leaves lb_xdp attached (a restart/upgrade)."""
