@@ -1,12 +1,16 @@
-"""`make bench`: per-packet cost of lb_xdp and time to build and push Maglev tables.
+"""`make bench`: per-packet cost of lb_xdp, time to build and push Maglev tables, health
+checks per second, and failover time with the real daemon.
 
     .venv/bin/python bench/bench.py [--out bench/results.json] [--rounds N]
-                                    [--iterations N] [--quick] [--strict]
+                                    [--iterations N] [--health-seconds S]
+                                    [--failover-rounds N] [--quick] [--strict]
 
 Data path: BPF_PROG_TEST_RUN through the restoring wrapper bpf/bench_wrap.bpf.c (see
 bench_harness.py and docs/benchmarks.md), every case checked against lb_xdp's own
 counters; a case that does not take its path makes the run fail (exit 2). Control
-plane: plan + apply through LbDatapath for a VIP with N backends.
+plane: plan + apply through LbDatapath for a VIP with N backends. Operations:
+health_bench.py (checks/s on one core, 2,000 backends) and failover_bench.py (a backend's
+failure to the new table in the maps, the daemon in the lab).
 
 Exit status: 0 done (targets missed are reported, not fatal unless --strict), 1 targets
 missed with --strict, 2 a case was invalid.
@@ -34,6 +38,8 @@ from rich.console import Console
 from rich.table import Table
 
 import bench_harness as bh
+import failover_bench
+import health_bench
 from xdplb import abi, maglev
 from xdplb.config import parse_config
 from xdplb.datapath.lb import LbDatapath, destroy
@@ -193,6 +199,26 @@ def _git_rev() -> str | None:
     return out.stdout.strip() or None
 
 
+def run_operations(args: argparse.Namespace) -> tuple[dict[str, Any], list[str]]:
+    """The health-check and failover sections (a section set to 0 is left out), and the
+    problems found: a failed health check, or a failover that did not happen."""
+    ops: dict[str, Any] = {}
+    problems: list[str] = []
+    if args.health_seconds > 0:
+        with console.status("health checks…"):
+            ops["health_checks"] = health_bench.run(args.health_seconds)
+        for kind, phase in ops["health_checks"]["health"].items():
+            if phase["failures"]:
+                problems.append(f"health_{kind}: {phase['failures']} checks failed")
+    if args.failover_rounds > 0:
+        with console.status("failover (the daemon in the lab)…"):
+            try:
+                ops["failover"] = failover_bench.run(args.failover_rounds)
+            except RuntimeError as e:  # a transition that never came: that is a result
+                problems.append(f"failover: {e}")
+    return ops, problems
+
+
 def build_results(
     dp: dict[str, list[float]],
     direct: dict[str, list[float]],
@@ -252,6 +278,8 @@ def build_results(
             "iterations": args.iterations,
             "rounds": args.rounds,
             "control_runs": args.control_runs,
+            "health_seconds": args.health_seconds,
+            "failover_rounds": args.failover_rounds,
             "unit": "ns per packet (kernel's test_run average), median of rounds",
             "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
             "git": _git_rev(),
@@ -308,8 +336,45 @@ def print_tables(res: dict[str, Any]) -> None:
         f"{m['rounds']} rounds x {m['iterations']:,} iterations, "
         "ratio = case / reference, net = case - harness"
     )
+    print_operations(res)
     for p in res["problems"]:
         console.print(f"[red]INVALID[/] {p}")
+
+
+def print_operations(res: dict[str, Any]) -> None:
+    hc = res.get("health_checks")
+    if hc is not None:
+        t = Table(title=f"Health checks, one core, {hc['meta']['backends']:,} backends")
+        for col in ("check", "checks/s", "per CPU-s", "failures", "p50 ms", "p99 ms"):
+            t.add_column(col, justify="left" if col == "check" else "right")
+        for kind, p in hc["health"].items():
+            t.add_row(
+                kind,
+                f"{p['checks_per_second']:,.0f}",
+                f"{p['checks_per_cpu_second']:,.0f}",
+                str(p["failures"]),
+                f"{p['latency_p50_ms']:.1f}",
+                f"{p['latency_p99_ms']:.1f}",
+            )
+        console.print(t)
+    fo = res.get("failover")
+    if fo is not None:
+        c = fo["meta"]["check"]
+        t = Table(
+            title=f"Failover, ms (interval {c['interval_ms']}, fall {c['fall_count']}, "
+            f"rise {c['rise_count']}; {fo['meta']['rounds']} rounds)"
+        )
+        for col in ("what", "median", "max", "bound"):
+            t.add_column(col, justify="left" if col == "what" else "right")
+        b = fo["bound_ms"]
+        bounds = {
+            f"{k}_{way}_ms": f"{b[k]:.0f} (+1 interval: {b[k + '_plus_interval']:.0f})"
+            for k, way in (("failure", "to_out"), ("recovery", "to_in"))
+        }
+        for k, v in fo["summary"].items():
+            if v is not None:
+                t.add_row(k, f"{v['median']:.1f}", f"{v['max']:.1f}", bounds.get(k, ""))
+        console.print(t)
 
 
 def _pin_cpu() -> tuple[int | None, set[int] | None]:
@@ -330,6 +395,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--rounds", type=int, default=None, help="rounds per case (default 7)")
     ap.add_argument("--iterations", type=int, default=None, help="test_run repeat (200000)")
     ap.add_argument("--control-runs", type=int, default=None, help="runs per control metric")
+    ap.add_argument(
+        "--health-seconds", type=float, default=None, help="per health phase (3; 0: skip)"
+    )
+    ap.add_argument("--failover-rounds", type=int, default=None, help="failovers (5; 0: skip)")
     ap.add_argument("--quick", action="store_true", help="smoke run: 2 x 20,000, 3 runs")
     ap.add_argument("--strict", action="store_true", help="exit 1 when a target is missed")
     args = ap.parse_args(argv)
@@ -339,6 +408,10 @@ def main(argv: list[str] | None = None) -> int:
         args.iterations = 20_000 if args.quick else 200_000
     if args.control_runs is None:
         args.control_runs = 3 if args.quick else 9
+    if args.health_seconds is None:
+        args.health_seconds = 1.0 if args.quick else 3.0
+    if args.failover_rounds is None:
+        args.failover_rounds = 2 if args.quick else 5
     if os.geteuid() != 0:
         console.print("[red]bench needs root (bpf syscalls, network namespaces)[/]")
         return 2
@@ -356,7 +429,9 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         if old_affinity is not None:
             os.sched_setaffinity(0, old_affinity)
-    res = build_results(dp, direct, cp, problems, args, cpu)
+    ops, op_problems = run_operations(args)
+    res = build_results(dp, direct, cp, problems + op_problems, args, cpu)
+    res.update(ops)
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(res, indent=2) + "\n")
     print_tables(res)
