@@ -16,6 +16,7 @@ import os
 import subprocess
 import sys
 import tempfile
+import time
 from collections import Counter
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -39,11 +40,16 @@ FLOWS = range(20000, 20300)
 console = Console()
 
 
+#: HTTP checks through the tunnel, every 300 ms; down after 2 failures.
+HEALTH = {"checker": {"http": {"uri": "/", "codes": [200]}}, "interval_ms": 300, "timeout_ms": 200}
+
+
 def _vips(lab: Lab, names: Sequence[str]) -> list[dict[str, Any]]:
     return [
         {
             "address": VIP4,
             "port": 80,
+            "health": HEALTH,
             "backends": [{"address": str(lab.addr(n)), "weight": WEIGHTS[n]} for n in names],
         },
         {
@@ -120,7 +126,7 @@ def main() -> int:
     with Lab() as lab, tempfile.TemporaryDirectory() as tmp:
         for name in lab.backends:
             attach_host(lab, name)
-        lab.start_servers()
+        servers = lab.start_servers()
         lb = LbNode(lab, Path(tmp), _vips(lab, lab.backends))
         lb.start()
         console.print(f"xdplb daemon running in the LB namespace (instance {lb.instance})\n")
@@ -173,9 +179,18 @@ def main() -> int:
         console.print(
             f"{from_b3} flows were on b3 and had to move; {others} flows of b1/b2 moved.\n"
         )
-        subprocess.run(
-            [sys.executable, "-m", "xdplb.cli", "status", "-i", lb.instance], check=False
-        )
+        cli = [sys.executable, "-m", "xdplb.cli"]
+        console.print("[bold]Killing b2's server[/bold]: its health checks fail ...")
+        servers[1].kill()
+        t0 = time.monotonic()
+        while str(lab.addr("b2")) in _shares(lb) and time.monotonic() - t0 < 10:
+            time.sleep(0.01)
+        console.print(f"b2 left the table {time.monotonic() - t0:.2f} s after its server died.")
+        tcp3 = _run(f"HTTP  to {VIP4}:80", FLOWS[:100], http4)
+        console.print(f"100 new connections: {dict(Counter(tcp3.values()))}\n")
+        console.print("[bold]xdplb list[/bold] (the daemon's API, like ipvsadm -L -n):")
+        subprocess.run([*cli, "list", "-i", lb.instance], check=False)
+        console.print(f"\nThe status page and /metrics are served on {lb.api_socket}.\n")
         lb.destroy()
     console.print("lab torn down: namespaces, links and pins removed.")
     return 0
