@@ -20,6 +20,7 @@ import ipaddress
 import json
 import logging
 import os
+import socket
 import time
 from collections.abc import Callable, Hashable, Sequence
 from pathlib import Path
@@ -92,6 +93,11 @@ class Runtime:
         """Make interfaces, maps and health checks match ``cfg`` (default: the running
         configuration); returns the number of map operations."""
         cfg = cfg or self.running
+        for i, ifname in enumerate(cfg.interfaces):  # before anything changes
+            try:
+                socket.if_nametoindex(ifname)
+            except OSError:
+                raise ConfigError(f"interfaces[{i}]", f"no interface {ifname!r} here") from None
         self.dirty = False
         mode = XdpMode.GENERIC if cfg.xdp_mode is XdpModeName.GENERIC else XdpMode.NATIVE
         for ifname in cfg.interfaces:
