@@ -208,6 +208,7 @@ class Daemon:
                 if self._stop.is_set():
                     break
                 now = time.monotonic()
+                self._follow_agents()  # the API may have changed agents.listen
                 if self._reload or rt.config_file_mtime() != self._mtime:
                     self._reload = False
                     self.reload()
