@@ -28,7 +28,7 @@ from pathlib import Path
 import yaml
 
 from xdplb import abi, planner
-from xdplb.config import Config, XdpModeName, load_config
+from xdplb.config import Config, Protocol, VipConfig, XdpModeName, load_config
 from xdplb.control import (
     Admin,
     BackendStatus,
@@ -42,7 +42,7 @@ from xdplb.control import (
 )
 from xdplb.datapath import XdpMode
 from xdplb.datapath.lb import LbDatapath
-from xdplb.drain import ConnectionCounts, drain_done
+from xdplb.drain import ConnectionCounts, Count, drain_done
 from xdplb.errors import ConfigError
 from xdplb.feedback import WeightFeedback
 from xdplb.health import HealthMonitor
@@ -249,9 +249,16 @@ class Runtime:
             self.apply()
         return self.drain_status(vip, backend)
 
+    def _established(self, vip: VipConfig | VipRef, backend: IPAddress) -> Count | None:
+        """Open connections of ``vip`` on ``backend``, as its agent last reported them;
+        None when unknown. Agents count TCP sockets: a UDP VIP's are never known."""
+        if vip.protocol is not Protocol.TCP:
+            return None
+        return self.counts.established(backend, vip.address, vip.port)
+
     def drain_status(self, vip: VipRef, backend: IPAddress) -> DrainStatus:
         member = self._member(vip, backend)
-        count = self.counts.established(backend, vip.address, vip.port)
+        count = self._established(vip, backend)
         since = self.drains.get(member)
         done = drain_done(count, since) if since is not None else None
         return DrainStatus(
@@ -267,7 +274,7 @@ class Runtime:
         if since is None:
             return "enabled"
         vip = next(v for v in self.running.vips if v.name == member[0])
-        count = self.counts.established(member[1], vip.address, vip.port)
+        count = self._established(vip, member[1])
         return "drained" if drain_done(count, since) else "draining"
 
     def _load_admin(self) -> dict[Member, float]:
@@ -314,7 +321,7 @@ class Runtime:
                 bstats = counters.backends.get(bid, abi.Stats()) if bid else abi.Stats()
                 hs = self.health.state(member)
                 health: Health = "unchecked" if hs is None else ("up" if hs.up else "down")
-                count = self.counts.established(b.address, vip.address, vip.port)
+                count = self._established(vip, b.address)
                 chain = self.counts.chain_events(b.address)
                 backends.append(
                     BackendStatus(
