@@ -37,10 +37,10 @@ int hc_tc(struct __sk_buff *skb)
 		return hc_drop(XDPLB_HC_DROP_UNSUPPORTED);
 	cfg = bpf_map_lookup_elem(&hc_config, &zero);
 	v6 = tgt->family == XDPLB_FAMILY_V6;
-	if (!cfg || !hc_has_src(cfg, v6))
+	if (!cfg || !outer_has_src(cfg, v6))
 		return hc_drop(XDPLB_HC_DROP_NO_CONFIG);
 	/* Co-located: the tunnel would lead back here; not handled (yet). */
-	if (hc_is_self(cfg, tgt, v6))
+	if (outer_is_src(cfg, tgt->addr, v6))
 		return hc_drop(XDPLB_HC_DROP_SELF);
 
 	hash = hc_flow_hash(&pkt, tgt, cfg->hash_seed);

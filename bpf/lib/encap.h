@@ -28,24 +28,9 @@
 #include "lib/fib.h"
 #include "lib/lb_parse.h"
 #include "lib/lb_select.h"
+#include "lib/outer.h"
 
 #define LB_OUTER_TTL	64
-
-static __always_inline int lb_outer_has_src(const struct xdplb_config *cfg, const int v6)
-{
-	if (!v6)
-		return cfg->src4 != 0;
-	return (cfg->src6[0] | cfg->src6[1] | cfg->src6[2] | cfg->src6[3]) != 0;
-}
-
-static __always_inline int lb_is_self(const struct xdplb_config *cfg,
-				      const struct xdplb_backend *be, const int v6)
-{
-	if (!v6)
-		return be->addr[0] == cfg->src4;
-	return be->addr[0] == cfg->src6[0] && be->addr[1] == cfg->src6[1] &&
-	       be->addr[2] == cfg->src6[2] && be->addr[3] == cfg->src6[3];
-}
 
 static __always_inline int lb_encap(struct xdp_md *ctx, const struct lb_pkt *pkt,
 				    const struct lb_target *tgt,
@@ -65,7 +50,7 @@ static __always_inline int lb_encap(struct xdp_md *ctx, const struct lb_pkt *pkt
 	struct ethhdr *eth;
 	void *l3;
 
-	if (!lb_outer_has_src(cfg, v6))
+	if (!outer_has_src(cfg, v6))
 		return lb_drop(XDPLB_DROP_NO_CONFIG);
 	/* lb_table_lookup() packed the later hops; the verifier wants to see it. */
 	if ((gue && hops > 1 && !tgt->next[0]) || (gue && hops > 2 && !tgt->next[1]) ||
@@ -167,7 +152,7 @@ static __always_inline int lb_encap(struct xdp_md *ctx, const struct lb_pkt *pkt
 	 * source).  The frame still has our MAC as destination, so the stack takes
 	 * it and host_tc on TC ingress decapsulates it: no trip through the wire.
 	 */
-	if (lb_is_self(cfg, tgt->be, v6))
+	if (outer_is_src(cfg, tgt->be->addr, v6))
 		return lb_pass(XDPLB_EV_LOCAL);
 	if (!v6)
 		return lb_fib_forward4(ctx, eth, l3, tgt->be_id);

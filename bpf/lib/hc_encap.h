@@ -27,6 +27,7 @@
 #include "lib/gue.h"
 #include "lib/hash.h"
 #include "lib/hc_maps.h"
+#include "lib/outer.h"
 #include "lib/parsing.h"
 
 #define HC_OUTER_TTL	64	/* lib/encap.h: LB_OUTER_TTL */
@@ -138,22 +139,6 @@ static __always_inline __u32 hc_flow_hash(const struct hc_pkt *pkt,
 		return xdplb_flow_hash((const __u32 *)&pkt->flow, seed);
 	__builtin_memcpy(src_only.src, pkt->flow.src, sizeof(src_only.src));
 	return xdplb_flow_hash((const __u32 *)&src_only, seed);
-}
-
-static __always_inline int hc_has_src(const struct xdplb_config *cfg, const int v6)
-{
-	if (!v6)
-		return cfg->src4 != 0;
-	return (cfg->src6[0] | cfg->src6[1] | cfg->src6[2] | cfg->src6[3]) != 0;
-}
-
-static __always_inline int hc_is_self(const struct xdplb_config *cfg,
-				      const struct xdplb_hc_target *tgt, const int v6)
-{
-	if (!v6)
-		return tgt->addr[0] == cfg->src4;
-	return tgt->addr[0] == cfg->src6[0] && tgt->addr[1] == cfg->src6[1] &&
-	       tgt->addr[2] == cfg->src6[2] && tgt->addr[3] == cfg->src6[3];
 }
 
 /*

@@ -300,7 +300,7 @@ class Runtime:
 
     def status(self) -> Status:
         snap = self.dp.snapshot()
-        counters = self.dp.counters(exact_conns=False)
+        counters = self.dp.counters(exact_conns=False, snap=snap)
         ids = {b.addr: i for i, b in snap.backends.items() if b.active}
         weighted = self.feedback.effective(self.running) if self.feedback else self.running
         eff = effective(

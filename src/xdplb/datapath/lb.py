@@ -147,9 +147,10 @@ class LbMaps:
         with Map.from_id(_U32.unpack(raw)[0]) as inner:
             return LookupTable.from_contents(kind, inner.lookup_array())
 
-    def counters(self, *, exact_conns: bool = True) -> Counters:
+    def counters(self, *, exact_conns: bool = True, snap: Snapshot | None = None) -> Counters:
         """Every counter; the connection count is exact (reads the whole table) or
-        estimated from a sample of its sets (``exact_conns=False``)."""
+        estimated from a sample of its sets (``exact_conns=False``). ``snap``: a snapshot
+        the caller has just taken (saves reading every table again)."""
 
         def total(m: Map, idx: int, ctype: type[abi.Stats]) -> abi.Stats:
             out = ctype()
@@ -163,7 +164,7 @@ class LbMaps:
         def u64(m: Map, idx: int) -> int:
             return sum(struct.unpack("<Q", raw)[0] for raw in m.lookup_percpu(_u32(idx)))
 
-        snap = self.snapshot()
+        snap = snap or self.snapshot()
         conns = self.conns.count() if exact_conns else self.conns.estimate_count()
         return Counters(
             drops={r: u64(self["lb_drops"], r) for r in abi.DropReason},
