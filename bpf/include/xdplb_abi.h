@@ -122,6 +122,13 @@ struct xdplb_bucket {
 	__u32 hop[XDPLB_MAX_HOPS];	/* backend ids */
 };
 
+#define XDPLB_FLOOD_WINDOW_NS	(100 * 1000 * 1000ULL)	/* the insert budget's window */
+#define XDPLB_DEFAULT_FLOOD_MAX	12500	/* inserts per CPU per window: 125k/s */
+
+/* lb_config flags */
+#define XDPLB_CFG_F_PTB		(1U << 0)	/* answer TOO_BIG with frag-needed / packet-too-big */
+#define XDPLB_CFG_F_ACL_DENY	(1U << 1)	/* global ACL: a source no rule matches is denied */
+
 /* lb_config[0]: run-time settings of the LB program. */
 struct xdplb_config {
 	__u32 src4;		/* outer source address for IPv4 tunnels */
@@ -129,6 +136,14 @@ struct xdplb_config {
 	__be16 gue_port;	/* GUE destination UDP port */
 	__u16 pad;
 	__u32 hash_seed;
+	__u32 conn_mask;	/* lb_conns' sets - 1 (the set count is a power of 2) */
+	__u32 flood_max;	/* inserts per CPU per XDPLB_FLOOD_WINDOW_NS; 0: no limit */
+	__u32 flags;		/* XDPLB_CFG_F_* */
+	__u32 rl_rate;		/* new flows per second per source prefix; 0: no rate limit */
+	__u32 rl_burst;		/* token bucket depth, new flows */
+	__u8 rl_prefix4;	/* source prefix length the rate limit keys on: IPv4 */
+	__u8 rl_prefix6;	/* and IPv6 */
+	__u16 pad2;
 };
 
 /* Per-CPU traffic counters (lb_vip_stats, lb_backend_stats). */
@@ -148,6 +163,9 @@ enum xdplb_drop_reason {
 	XDPLB_DROP_ENCAP,		/* bpf_xdp_adjust_head refused */
 	XDPLB_DROP_FIB,			/* no route to the backend */
 	XDPLB_DROP_TOO_BIG,		/* encapsulated packet exceeds the egress MTU */
+	XDPLB_DROP_ACL,			/* source denied by the global or the VIP's ACL */
+	XDPLB_DROP_RATE_LIMIT,		/* new flow over its source prefix's rate */
+	XDPLB_DROP_ICMP,		/* ICMP to a VIP address we cannot route (bad quote) */
 	XDPLB_DROP__MAX,
 };
 
@@ -164,6 +182,10 @@ enum xdplb_event {
 	XDPLB_EV_FIB_PASS,		/* encapsulated, no neighbour yet: kernel forwards */
 	XDPLB_EV_CONN_FLOOD,		/* new flow balanced but not recorded: over the insert budget */
 	XDPLB_EV_LOCAL,			/* encapsulated for this very host (co-located): passed up */
+	XDPLB_EV_ICMP_ERROR,		/* ICMP error quoting a VIP flow: sent where the flow goes */
+	XDPLB_EV_ICMP_ECHO,		/* echo request to a VIP answered here (XDP_TX) */
+	XDPLB_EV_ICMP_PTB,		/* too big to encapsulate: frag-needed / PTB sent back */
+	XDPLB_EV_FRAGMENT,		/* fragment balanced by addresses and protocol only */
 	XDPLB_EV__MAX,
 };
 
@@ -241,5 +263,9 @@ enum xdplb_hc_event {
 	XDPLB_HC_DROP_TOO_BIG,		/* encapsulated packet exceeds the egress MTU */
 	XDPLB_HC_EV__MAX,
 };
+
+/* --- Source ACLs and the new-flow rate limit (bpf/lib/lb_acl.h) --- */
+
+/* --- ICMP and fragments (bpf/lib/lb_icmp.h) --- */
 
 #endif /* XDPLB_ABI_H */

@@ -50,6 +50,10 @@ class TableKind(enum.IntEnum):
 VIP_F_SRC_HASH = 1 << 0
 BACKEND_F_ACTIVE = 1 << 0
 HC_F_SRC_HASH = 1 << 0
+CFG_F_PTB = 1 << 0
+CFG_F_ACL_DENY = 1 << 1
+FLOOD_WINDOW_NS = 100_000_000
+DEFAULT_FLOOD_MAX = 12500
 
 
 class DropReason(enum.IntEnum):
@@ -63,6 +67,9 @@ class DropReason(enum.IntEnum):
     ENCAP = enum.auto()
     FIB = enum.auto()
     TOO_BIG = enum.auto()
+    ACL = enum.auto()
+    RATE_LIMIT = enum.auto()
+    ICMP = enum.auto()
 
 
 class Event(enum.IntEnum):
@@ -79,6 +86,10 @@ class Event(enum.IntEnum):
     FIB_PASS = enum.auto()
     CONN_FLOOD = enum.auto()
     LOCAL = enum.auto()
+    ICMP_ERROR = enum.auto()
+    ICMP_ECHO = enum.auto()
+    ICMP_PTB = enum.auto()
+    FRAGMENT = enum.auto()
 
 
 class HostEvent(enum.IntEnum):
@@ -237,6 +248,14 @@ class Config(_Struct):
         ("gue_port", ctypes.c_uint16),  # network order
         ("pad", ctypes.c_uint16),
         ("hash_seed", ctypes.c_uint32),
+        ("conn_mask", ctypes.c_uint32),
+        ("flood_max", ctypes.c_uint32),
+        ("flags", ctypes.c_uint32),
+        ("rl_rate", ctypes.c_uint32),
+        ("rl_burst", ctypes.c_uint32),
+        ("rl_prefix4", ctypes.c_uint8),
+        ("rl_prefix6", ctypes.c_uint8),
+        ("pad2", ctypes.c_uint16),
     ]
 
 

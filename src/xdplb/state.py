@@ -208,6 +208,18 @@ class LbConfig:
     gue_port: int = abi.GUE_PORT
     #: The flow hash's seed (``hash_seed``).
     seed: int = 0
+    #: ``lb_conns``' set count - 1 (a power of 2, minus one).
+    conn_mask: int = abi.CONN_SETS - 1
+    #: Connection-table inserts per CPU per ``FLOOD_WINDOW_NS``; 0: no limit.
+    flood_max: int = abi.DEFAULT_FLOOD_MAX
+    #: ``CFG_F_*``.
+    flags: int = 0
+    #: New flows per second per source prefix (0: off), the bucket's depth, and the
+    #: prefix lengths the limit keys on.
+    rl_rate: int = 0
+    rl_burst: int = 0
+    rl_prefix4: int = 32
+    rl_prefix6: int = 64
 
     def abi_value(self) -> abi.Config:
         cfg = abi.Config()
@@ -217,13 +229,32 @@ class LbConfig:
             cfg.src6[:] = abi.addr_words(self.src6)
         cfg.gue_port = socket.htons(self.gue_port)
         cfg.hash_seed = self.seed
+        cfg.conn_mask = self.conn_mask
+        cfg.flood_max = self.flood_max
+        cfg.flags = self.flags
+        cfg.rl_rate = self.rl_rate
+        cfg.rl_burst = self.rl_burst
+        cfg.rl_prefix4 = self.rl_prefix4
+        cfg.rl_prefix6 = self.rl_prefix6
         return cfg
 
     @classmethod
     def from_abi(cls, cfg: abi.Config) -> LbConfig:
         src4 = ipaddress.IPv4Address(cfg.src4.to_bytes(4, "little")) if cfg.src4 else None
         src6 = ipaddress.IPv6Address(bytes(cfg.src6)) if any(cfg.src6) else None
-        return cls(src4, src6, socket.ntohs(cfg.gue_port), cfg.hash_seed)
+        return cls(
+            src4,
+            src6,
+            socket.ntohs(cfg.gue_port),
+            cfg.hash_seed,
+            cfg.conn_mask,
+            cfg.flood_max,
+            cfg.flags,
+            cfg.rl_rate,
+            cfg.rl_burst,
+            cfg.rl_prefix4,
+            cfg.rl_prefix6,
+        )
 
 
 @dataclass(frozen=True)
