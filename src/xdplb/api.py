@@ -25,7 +25,8 @@ With a token, every route needs ``Authorization: Bearer <token>``, /metrics incl
 (Prometheus sends it with ``authorization: {credentials: ...}``), except three that
 hold no data of the instance: the status page ``/`` and its ``/static`` files (the
 page asks for the token and then calls the API with it), and ``/openapi.json`` (the
-same document as the published ``docs/openapi.json``).
+same document as the published ``docs/openapi.json``). Without a token, only callers on
+this host (unix socket, loopback) are served; any other gets 401.
 
 ``python -m xdplb.api --openapi > docs/openapi.json`` writes the specification.
 """
@@ -241,6 +242,17 @@ def _error_response(e: ApiError, headers: dict[str, str] | None = None) -> JSONR
     return JSONResponse(body, status_code=e.status, headers=headers)
 
 
+def _local_peer(request: Request) -> bool:
+    """The caller is on this host: a unix socket (no address) or a loopback address."""
+    client = request.client
+    if client is None or not client.host:
+        return True
+    try:
+        return ipaddress.ip_address(client.host.split("%")[0]).is_loopback
+    except ValueError:
+        return False  # a name, or a proxy's idea of one: not provably local
+
+
 def create_app(
     ctl: Controller, *, token: str | None = None, metrics: Metrics | None = None
 ) -> FastAPI:
@@ -250,9 +262,15 @@ def create_app(
     want = token.encode() if token is not None else None
 
     async def auth(
+        request: Request,
         creds: Annotated[HTTPAuthorizationCredentials | None, Security(_bearer)],
     ) -> None:
         if want is None:
+            # No token: the configuration only allows that on a unix socket or a
+            # loopback address; a call from anywhere else (a listener the operator
+            # forwarded, a proxy) is refused all the same.
+            if not _local_peer(request):
+                raise ApiError(401, "a bearer token is required for calls from other hosts")
             return
         if creds is None:
             raise ApiError(401, "a bearer token is required")

@@ -33,6 +33,7 @@ from pathlib import Path
 
 import uvicorn
 
+from xdplb import privileges
 from xdplb.agent import ReportReceiver
 from xdplb.api import create_app
 from xdplb.client import api_socket
@@ -185,6 +186,10 @@ class Daemon:
         rt.apply()
         self._follow_agents()
         RUN_DIR.mkdir(parents=True, exist_ok=True)
+        # Loaded, attached, bound: what follows needs far less than root's every power.
+        privileges.drop_capabilities()
+        if stray := privileges.stray_threads():
+            log.warning("threads %s kept capabilities the daemon dropped", stray)
         pid_file(rt.instance).write_text(f"{os.getpid()}\n")
         app = create_app(rt, token=token, metrics=self.metrics)
         server = _ApiServer(

@@ -286,9 +286,22 @@ def test_token(fake: FakeController) -> None:
         assert c.get("/openapi.json").status_code == 200
 
 
-def test_no_token_means_no_authentication(fake: FakeController) -> None:
-    with TestClient(create_app(fake)) as c:
+@pytest.mark.parametrize("peer", ["127.0.0.1", "::1", ""])
+def test_no_token_serves_local_callers(fake: FakeController, peer: str) -> None:
+    with TestClient(create_app(fake), client=(peer, 50000)) as c:
         assert c.get("/api/v1/status").status_code == 200
+        assert c.get("/metrics").status_code == 200
+
+
+@pytest.mark.parametrize("peer", ["198.18.0.1", "fd78:6470:6c62::1", "testclient"])
+def test_no_token_refuses_remote_callers(fake: FakeController, peer: str) -> None:
+    """Without a token only this host is served, whatever socket the request came in on."""
+    with TestClient(create_app(fake), client=(peer, 50000)) as c:
+        for path in ("/api/v1/status", "/metrics"):
+            r = c.get(path)
+            assert error(r, 401) == ("a bearer token is required for calls from other hosts", "")
+        assert c.patch(BE, json={"weight": 9}).status_code == 401
+        assert fake.cfg.vips[0].backends[0].weight == 2
 
 
 # Metrics.

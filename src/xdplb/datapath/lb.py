@@ -77,6 +77,9 @@ class LbMaps:
 
     def __init__(self, maps: dict[str, Map]) -> None:
         self.maps = maps
+        #: Inner table map id -> its contents, for the tables this process wrote or
+        #: has read: a snapshot then reads only the outer maps.
+        self._tables: dict[int, LookupTable] = {}
 
     @classmethod
     def from_pins(cls, pin_root: Path) -> LbMaps:
@@ -117,12 +120,17 @@ class LbMaps:
             be = abi.Backend.from_buffer_copy(raw, bid * size)
             if be.family:  # a slot ever used
                 snap.backends[bid] = BackendState.from_abi(be)
+        live: set[int] = set()
         for kind, name in TABLE_MAPS.items():
-            for k in list(self[name].keys()):
+            for k, v in list(self[name].items()):
                 vip_id = _U32.unpack(k)[0]
+                live.add(_U32.unpack(v)[0])
                 table = self._table(kind, vip_id)
                 if table is not None:
                     snap.tables[vip_id] = table
+        # Forget tables no VIP holds any more (a map id is never reused while held).
+        for map_id in self._tables.keys() - live:
+            del self._tables[map_id]
         for k, v in self["lb_vip_addrs"].items():
             a = abi.Addr.from_buffer_copy(k)
             snap.vip_addrs[abi.words_addr(a.addr, a.family)] = _U32.unpack(v)[0]
@@ -144,8 +152,15 @@ class LbMaps:
         raw = self[TABLE_MAPS[kind]].lookup(_u32(vip_id))
         if raw is None:
             return None
-        with Map.from_id(_U32.unpack(raw)[0]) as inner:
-            return LookupTable.from_contents(kind, inner.lookup_array())
+        map_id = _U32.unpack(raw)[0]
+        table = self._tables.get(map_id)
+        if table is None:
+            # A table this process did not write: read it by id (CAP_SYS_ADMIN, so only
+            # before the daemon drops its capabilities, xdplb.privileges).
+            with Map.from_id(map_id) as inner:
+                table = LookupTable.from_contents(kind, inner.lookup_array())
+            self._tables[map_id] = table
+        return table
 
     def counters(self, *, exact_conns: bool = True, snap: Snapshot | None = None) -> Counters:
         """Every counter; the connection count is exact (reads the whole table) or
@@ -211,6 +226,7 @@ class LbMaps:
                 ) as inner:
                     inner.update_array(table.contents(kind))
                     self[TABLE_MAPS[kind]].update(_u32(vip_id), _u32(inner.fd))
+                    self._tables[inner.id] = table
             case DeleteTable(vip_id):
                 # Both maps: the op does not say which holds it (deleting a missing key is
                 # a no-op), and a table no VIP names any more has no kind to go by.
