@@ -162,7 +162,8 @@ class FakeController:
 
     def drain(self, vip: VipRef, backend: IPAddress) -> DrainStatus:
         self._check(vip, backend)
-        self.drains[(vip.name, str(backend))] = Drain()
+        # Draining a draining backend changes nothing (as Runtime.drain).
+        self.drains.setdefault((vip.name, str(backend)), Drain())
         return self.drain_status(vip, backend)
 
     def enable(self, vip: VipRef, backend: IPAddress) -> DrainStatus:
