@@ -21,7 +21,7 @@ import threading
 import time
 from collections.abc import Callable
 
-from xdplb.lab.traffic import EchoStream
+from xdplb.lab.traffic import EchoStream, ExchangeError
 
 
 @dataclasses.dataclass(frozen=True)
@@ -69,7 +69,10 @@ class BrokenStream:
 
 class PacedStreams:
     """``n`` echo connections from namespace ``ns`` to ``addr``:``port``, each
-    exchanging ``size`` bytes every ``period`` seconds, staggered over the period."""
+    exchanging ``size`` bytes every ``period`` seconds, staggered over the period.
+
+    A connection that fails to open raises ExchangeError, or with ``strict=False`` is
+    left out and recorded in :attr:`failed_connects`."""
 
     def __init__(
         self,
@@ -82,20 +85,11 @@ class PacedStreams:
         period: float = 0.1,
         connect_timeout: float = 5.0,
         on_break: Callable[[BrokenStream], None] | None = None,
+        strict: bool = True,
     ) -> None:
         self.size = size
         self.period = period
         self.on_break = on_break
-        now = time.monotonic()
-        self.streams: list[_Stream] = []
-        try:
-            for i in range(n):
-                es = EchoStream.open(ns, addr, port, timeout=connect_timeout)
-                es.sock.setblocking(False)
-                self.streams.append(_Stream(es, now + period * (i + 1) / n))
-        except BaseException:
-            self.close()
-            raise
         self.broken: list[BrokenStream] = []
         #: Longest time an exchange took, in seconds.
         self.max_latency = 0.0
@@ -104,6 +98,24 @@ class PacedStreams:
         self._stop = threading.Event()
         self._sel = selectors.DefaultSelector()
         self._thread = threading.Thread(target=self._run, name="paced-streams", daemon=True)
+        #: Connections that failed to open (``strict=False``), as error messages.
+        self.failed_connects: list[str] = []
+        now = time.monotonic()
+        self.streams: list[_Stream] = []
+        try:
+            for i in range(n):
+                try:
+                    es = EchoStream.open(ns, addr, port, timeout=connect_timeout)
+                except ExchangeError as e:
+                    if strict:
+                        raise
+                    self.failed_connects.append(str(e))
+                    continue
+                es.sock.setblocking(False)
+                self.streams.append(_Stream(es, now + period * (i + 1) / n))
+        except BaseException:
+            self.close()
+            raise
 
     @property
     def backends(self) -> list[str]:
@@ -219,8 +231,7 @@ class PacedStreams:
         self.stop()
         for s in self.streams:
             s.es.close()
-        if hasattr(self, "_sel"):
-            self._sel.close()
+        self._sel.close()
 
     def __enter__(self) -> PacedStreams:
         return self.start()
