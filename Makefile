@@ -15,7 +15,7 @@ BPF_HDRS   := $(wildcard bpf/include/*.h bpf/lib/*.h)
 CFFI_MODS  := src/xdplb/datapath/libbpf_build.py src/xdplb/maglev_build.py
 PYTEST     := $(PY) -m pytest -q
 
-.PHONY: all deps build test test-unit test-bpf test-e2e demo bench lint clean
+.PHONY: all deps build test test-unit test-bpf test-e2e demo bench soak lint clean
 
 all: build
 
@@ -61,6 +61,11 @@ demo: build
 
 bench: build
 	$(PY) bench/bench.py --out bench/results.json
+
+# Not part of `make test`: the lab under load and churn for SOAK_SECONDS (docs/operations.md).
+SOAK_SECONDS ?= 600
+soak: build
+	$(PY) -m xdplb.lab.soak --seconds $(SOAK_SECONDS) --out build/soak.json
 
 lint: build
 	$(VENV)/bin/ruff check src tests bench

@@ -41,7 +41,7 @@ struct bpf_test_run_opts {
     size_t sz;
     const void *data_in; void *data_out; __u32 data_size_in; __u32 data_size_out;
     const void *ctx_in; void *ctx_out; __u32 ctx_size_in; __u32 ctx_size_out;
-    __u32 retval; int repeat; __u32 duration; __u32 flags;
+    __u32 retval; int repeat; __u32 duration; __u32 flags; __u32 cpu; __u32 batch_size;
     ...;
 };
 struct bpf_link_create_opts { size_t sz; __u32 flags; ...; };
