@@ -154,7 +154,7 @@ static __noinline int lb_icmp_ptb(struct xdp_md *ctx, __u32 mtu, __u32 overhead)
 		sum = 0;
 		for (i = 0; i < 8; i++)
 			sum += addr[i];
-		sum += bpf_htonl(8 + qlen) + bpf_htonl(IPPROTO_ICMPV6);
+		sum += (__u64)bpf_htonl(8 + qlen) + bpf_htonl(IPPROTO_ICMPV6);
 		sum = lb_ptb_sum((const __u32 *)icmp, (8 + qlen) / 4, data_end, sum);
 		*(__u16 *)(icmp + 2) = csum_fold64(sum);
 	}
