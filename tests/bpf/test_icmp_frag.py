@@ -370,7 +370,8 @@ def test_too_big_without_df_is_still_dropped(lb: Lb) -> None:
 
 @pytest.fixture
 def route_mtu(lb: Lb) -> Iterator[int]:
-    """A locked route MTU of 1,300 to backend 1 (bpf_fib_lookup uses a route MTU only when locked, or with ip_forward_use_pmtu)."""
+    """A locked route MTU of 1,300 to backend 1 (bpf_fib_lookup uses a route MTU only
+    when locked, or with ip_forward_use_pmtu)."""
     dst = str(fx.BACKENDS[1].addr)
     subprocess.run(
         ["ip", "route", "replace", f"{dst}/32", "dev", "lb0", "mtu", "lock", "1300"], check=True
