@@ -11,6 +11,7 @@
 #include "lib/counters.h"
 #include "lib/lb_parse.h"
 #include "lib/lb_select.h"
+#include "lib/lb_icmp.h"
 #include "lib/encap.h"
 
 SEC("xdp")
@@ -19,14 +20,28 @@ int lb_xdp(struct xdp_md *ctx)
 	const struct xdplb_vip_info *vip;
 	const struct xdplb_config *cfg;
 	struct lb_target tgt = {};
+	struct lb_cursor cur;
 	struct lb_pkt pkt = {};
 	__u32 zero = 0;
 	__u32 new_flow = 0;
 	__u32 fhash;
 	int rc;
 
-	/* 1-5, 7: parse; non-IP, malformed, fragments and truncated L4 end here. */
-	rc = lb_parse(ctx, &pkt);
+	/* 1-2: Ethernet, IP, IPv6 extension headers; non-IP and malformed end here. */
+	rc = lb_parse_ip(ctx, &pkt, &cur);
+	if (rc != LB_CONTINUE)
+		return rc;
+
+	/* global ACL (lb_acl.h) */
+
+	/* 3-5, 7: other protocols end here, fragments and ICMP take 4a-4c. */
+	rc = lb_parse_l4(ctx, &pkt, &cur);
+	if (rc == LB_SLOW) {
+		rc = lb_icmp_frag(ctx, &pkt, &cur, &cfg, &vip, &tgt);
+		if (rc != LB_CONTINUE)
+			return rc;
+		goto forward;
+	}
 	if (rc != LB_CONTINUE)
 		return rc;
 
@@ -53,6 +68,7 @@ int lb_xdp(struct xdp_md *ctx)
 		new_flow = 1;
 	}
 
+forward:
 	/* 10 */
 	lb_count_traffic(vip->vip_id, tgt.be_id, pkt.ip_len, new_flow);
 

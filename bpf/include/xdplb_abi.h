@@ -155,7 +155,7 @@ struct xdplb_stats {
 
 /* Why lb_xdp dropped a packet; index of lb_drops. */
 enum xdplb_drop_reason {
-	XDPLB_DROP_FRAGMENT = 0,	/* IPv4 fragment of a VIP flow (not yet routed) */
+	XDPLB_DROP_FRAGMENT = 0,	/* fragment to a VIP address with no fragment VIP for its protocol */
 	XDPLB_DROP_MALFORMED_L4,	/* VIP packet with a truncated TCP/UDP header */
 	XDPLB_DROP_NO_TABLE,		/* VIP has no lookup table */
 	XDPLB_DROP_NO_BACKEND,		/* bucket empty or backend not active */
@@ -267,5 +267,26 @@ enum xdplb_hc_event {
 /* --- Source ACLs and the new-flow rate limit (bpf/lib/lb_acl.h) --- */
 
 /* --- ICMP and fragments (bpf/lib/lb_icmp.h) --- */
+
+/*
+ * lb_vip_addrs value: what lb_xdp needs to know about a VIP address for the
+ * packets whose port it cannot use (fragments, ICMP).  Fragments of an
+ * address are balanced to one VIP per protocol: frag_port[0] names the TCP
+ * VIP, frag_port[1] the UDP VIP (port 0: the wildcard), when the matching
+ * XDPLB_VIP_ADDR_F_FRAG_* flag says there is one.
+ */
+#define XDPLB_VIP_ADDR_F_FRAG_TCP	(1U << 0)	/* frag_port[0] names a TCP VIP */
+#define XDPLB_VIP_ADDR_F_FRAG_UDP	(1U << 1)	/* frag_port[1] names a UDP VIP */
+#define XDPLB_VIP_ADDR_F_ECHO		(1U << 2)	/* answer echo requests to it */
+
+struct xdplb_vip_addr_info {
+	__u32 nvips;		/* VIPs on this address (informational) */
+	__be16 frag_port[2];	/* VIP port of its fragments: [0] TCP, [1] UDP */
+	__u8 flags;		/* XDPLB_VIP_ADDR_F_* */
+	__u8 pad[3];
+};
+
+/* IPv6 extension headers lb_xdp walks before the upper-layer header. */
+#define XDPLB_MAX_EXTHDRS	4
 
 #endif /* XDPLB_ABI_H */

@@ -46,7 +46,7 @@ static __always_inline int lb_encap(struct xdp_md *ctx, const struct lb_pkt *pkt
 	const __u8 inner_proto = pkt->family == XDPLB_FAMILY_V4 ? IPPROTO_IPIP : IPPROTO_IPV6;
 	void *data = (void *)(long)ctx->data;
 	void *data_end = (void *)(long)ctx->data_end;
-	__u32 mac0, mac1, mac2;
+	__u32 mac0, mac1, mac2, ptb;
 	struct ethhdr *eth;
 	void *l3;
 
@@ -154,9 +154,11 @@ static __always_inline int lb_encap(struct xdp_md *ctx, const struct lb_pkt *pkt
 	 */
 	if (outer_is_src(cfg, tgt->be->addr, v6))
 		return lb_pass(XDPLB_EV_LOCAL);
+	/* Too big for the egress MTU: answered with the overhead the client must leave room for. */
+	ptb = (cfg->flags & XDPLB_CFG_F_PTB) ? outer_len : 0;
 	if (!v6)
-		return lb_fib_forward4(ctx, eth, l3, tgt->be_id);
-	return lb_fib_forward6(ctx, eth, l3, tgt->be_id);
+		return lb_fib_forward4(ctx, eth, l3, tgt->be_id, ptb);
+	return lb_fib_forward6(ctx, eth, l3, tgt->be_id, ptb);
 }
 
 #endif /* XDPLB_LIB_ENCAP_H */

@@ -22,6 +22,7 @@
 #include "xdplb_abi.h"
 #include "lib/parsing.h"
 #include "lib/counters.h"
+#include "lib/lb_ptb.h"
 
 /* 64 jiffies: 64 ms at HZ=1000, 256 ms at HZ=250 - how stale a next hop may get. */
 #define LB_NH_LIFETIME	64
@@ -92,11 +93,13 @@ lb_nh_cached(struct xdp_md *ctx, __u32 be_id, const __u32 *dst, const int v6, __
 
 /*
  * The lookup proper.  dst is the outer destination as four words (IPv4:
- * dst[0], the rest 0), len the outer IP length for the MTU check.
+ * dst[0], the rest 0), len the outer IP length for the MTU check; ptb the
+ * encapsulation overhead when a packet too big is answered (lib/lb_ptb.h),
+ * else 0.
  */
 static __always_inline int lb_fib_finish(struct xdp_md *ctx, struct ethhdr *eth,
 					 struct bpf_fib_lookup *fib, __u32 be_id,
-					 const __u32 *dst, __u32 len)
+					 const __u32 *dst, __u32 len, __u32 ptb)
 {
 	/* Flags 0: a normal lookup through the policy rules, with the MTU check. */
 	int rc = bpf_fib_lookup(ctx, fib, sizeof(*fib), 0);
@@ -123,13 +126,16 @@ static __always_inline int lb_fib_finish(struct xdp_md *ctx, struct ethhdr *eth,
 	if (rc == BPF_FIB_LKUP_RET_NO_NEIGH)
 		return lb_pass(XDPLB_EV_FIB_PASS);
 	/* The path to the backend needs an MTU of client MTU + tunnel overhead. */
-	if (rc == BPF_FIB_LKUP_RET_FRAG_NEEDED)
+	if (rc == BPF_FIB_LKUP_RET_FRAG_NEEDED) {
+		if (ptb)
+			return lb_icmp_ptb(ctx, fib->mtu_result, ptb);
 		return lb_drop(XDPLB_DROP_TOO_BIG);
+	}
 	return lb_drop(XDPLB_DROP_FIB);
 }
 
 static __always_inline int lb_fib_forward4(struct xdp_md *ctx, struct ethhdr *eth,
-					   const struct iphdr *iph, __u32 be_id)
+					   const struct iphdr *iph, __u32 be_id, __u32 ptb)
 {
 	__u32 dst[4] = { iph->daddr, 0, 0, 0 };
 	__u32 len = bpf_ntohs(iph->tot_len);
@@ -147,11 +153,11 @@ static __always_inline int lb_fib_forward4(struct xdp_md *ctx, struct ethhdr *et
 	fib.ifindex = ctx->ingress_ifindex;
 	fib.ipv4_src = iph->saddr;
 	fib.ipv4_dst = dst[0];
-	return lb_fib_finish(ctx, eth, &fib, be_id, dst, len);
+	return lb_fib_finish(ctx, eth, &fib, be_id, dst, len, ptb);
 }
 
 static __always_inline int lb_fib_forward6(struct xdp_md *ctx, struct ethhdr *eth,
-					   const struct ipv6hdr *ip6h, __u32 be_id)
+					   const struct ipv6hdr *ip6h, __u32 be_id, __u32 ptb)
 {
 	__u32 len = sizeof(*ip6h) + bpf_ntohs(ip6h->payload_len);
 	const __u32 *dst = (const __u32 *)&ip6h->daddr;
@@ -169,7 +175,7 @@ static __always_inline int lb_fib_forward6(struct xdp_md *ctx, struct ethhdr *et
 	fib.ifindex = ctx->ingress_ifindex;
 	__builtin_memcpy(fib.ipv6_src, &ip6h->saddr, sizeof(fib.ipv6_src));
 	__builtin_memcpy(fib.ipv6_dst, dst, sizeof(fib.ipv6_dst));
-	return lb_fib_finish(ctx, eth, &fib, be_id, dst, len);
+	return lb_fib_finish(ctx, eth, &fib, be_id, dst, len, ptb);
 }
 
 #endif /* XDPLB_LIB_FIB_H */

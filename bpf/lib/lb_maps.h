@@ -21,12 +21,12 @@ struct {
 	__uint(pinning, LIBBPF_PIN_BY_NAME);
 } lb_vips SEC(".maps");
 
-/* Every VIP address, for packets whose port is unknown (fragments, truncated L4). */
+/* Every VIP address, for packets whose port is unknown (fragments, ICMP, truncated L4). */
 struct {
 	__uint(type, BPF_MAP_TYPE_HASH);
 	__uint(max_entries, XDPLB_MAX_VIP_ADDRS);
 	__type(key, struct xdplb_addr);
-	__type(value, __u32);
+	__type(value, struct xdplb_vip_addr_info);
 	__uint(pinning, LIBBPF_PIN_BY_NAME);
 } lb_vip_addrs SEC(".maps");
 

@@ -1,7 +1,9 @@
 /* SPDX-License-Identifier: (GPL-2.0-only OR BSD-2-Clause) */
 /*
  * Steps 1-5 and 7 of docs/datapath.md: from a frame to a flow key, or to the
- * verdict for a frame that is not ours to balance.
+ * verdict for a frame that is not ours to balance.  Two halves with the
+ * global ACL between them (lb_xdp.bpf.c): lb_parse_ip() (1-2: Ethernet, IP,
+ * IPv6 extension headers) knows the addresses, lb_parse_l4() (3-5) the ports.
  */
 #ifndef XDPLB_LIB_LB_PARSE_H
 #define XDPLB_LIB_LB_PARSE_H
@@ -15,17 +17,27 @@
 #include "lib/lb_maps.h"
 #include "lib/counters.h"
 
-/* lb_parse() result meaning "a TCP/UDP packet with a flow key: go on". */
+/* lb_parse_*() result meaning "go on": a TCP/UDP packet with a flow key. */
 #define LB_CONTINUE	(-1)
+/* lb_parse_l4() result: a TCP/UDP fragment, or ICMP: lib/lb_icmp.h takes it. */
+#define LB_SLOW		(-2)
 
 /* What the later steps need to know about the packet, parsed once. */
 struct lb_pkt {
 	struct xdplb_flow_key flow;	/* step 7: every other byte 0 */
 	__u32 l3_off;		/* inner IP header offset: 14, or 18 with a VLAN tag */
 	__u32 ip_len;		/* inner IP length: tot_len, or 40 + payload_len */
+	__u32 l4_len;		/* IP payload after the IPv4 options / IPv6 extension headers */
 	__u8 family;		/* enum xdplb_family of the inner packet */
 	__u8 tos;		/* inner TOS / traffic class, copied to the outer header */
 	__u8 tcp_flags;		/* TCP flags byte; 0 for UDP */
+	__u8 frag;		/* a fragment: IPv4 MF or offset, IPv6 fragment header with either */
+};
+
+/* Where the headers are; packet pointers, kept apart from lb_pkt's plain values. */
+struct lb_cursor {
+	void *l3;		/* the IP header */
+	void *l4;		/* the upper-layer header (TCP, UDP, ICMP) */
 };
 
 /* Is this destination the address of some VIP? (for packets without ports) */
@@ -47,17 +59,19 @@ static __always_inline int lb_vip_drop_or_pass(const struct lb_pkt *pkt,
 	return lb_pass(XDPLB_EV_PASS_NOT_VIP);
 }
 
-static __always_inline int lb_parse(struct xdp_md *ctx, struct lb_pkt *pkt)
+/* Steps 1-2: addresses, family, lengths and the upper-layer protocol (flow.proto). */
+static __always_inline int lb_parse_ip(struct xdp_md *ctx, struct lb_pkt *pkt,
+				       struct lb_cursor *cur)
 {
 	void *data = (void *)(long)ctx->data;
 	void *data_end = (void *)(long)ctx->data_end;
 	struct hdr_cursor nh = { .pos = data };
 	struct ethhdr *eth;
-	__u32 l4_len, ports;
 	int h_proto, proto;
 
 	h_proto = parse_ethhdr(&nh, data_end, &eth);
 	pkt->l3_off = nh.pos - data;
+	cur->l3 = nh.pos;
 
 	if (h_proto == bpf_htons(ETH_P_IP)) {
 		struct iphdr *iph;
@@ -65,39 +79,63 @@ static __always_inline int lb_parse(struct xdp_md *ctx, struct lb_pkt *pkt)
 		proto = parse_iphdr(&nh, data_end, &iph, &pkt->ip_len);
 		if (proto < 0)
 			return lb_pass(XDPLB_EV_PASS_MALFORMED);
-		if (proto != IPPROTO_TCP && proto != IPPROTO_UDP)
-			return lb_pass(XDPLB_EV_PASS_NOT_VIP);
 		pkt->family = XDPLB_FAMILY_V4;
 		pkt->tos = iph->tos;
 		pkt->flow.src[0] = iph->saddr;
 		pkt->flow.dst[0] = iph->daddr;
-		/* Only the first fragment has ports; we do not reassemble (yet). */
-		if (iph->frag_off & bpf_htons(IP_MF | IP_OFFSET))
-			return lb_vip_drop_or_pass(pkt, XDPLB_DROP_FRAGMENT);
-		l4_len = pkt->ip_len - (nh.pos - (void *)iph);
+		pkt->frag = (iph->frag_off & bpf_htons(IP_MF | IP_OFFSET)) != 0;
+		pkt->l4_len = pkt->ip_len - (nh.pos - (void *)iph);
 	} else if (h_proto == bpf_htons(ETH_P_IPV6)) {
 		struct ipv6hdr *ip6h;
 
 		proto = parse_ip6hdr(&nh, data_end, &ip6h, &pkt->ip_len);
 		if (proto < 0)
 			return lb_pass(XDPLB_EV_PASS_MALFORMED);
-		if (proto != IPPROTO_TCP && proto != IPPROTO_UDP)
-			return lb_pass(XDPLB_EV_PASS_NOT_VIP);
 		pkt->family = XDPLB_FAMILY_V6;
 		/* Traffic class straddles the first two bytes. */
 		pkt->tos = (ip6h->priority << 4) | (ip6h->flow_lbl[0] >> 4);
 		__builtin_memcpy(pkt->flow.src, &ip6h->saddr, 16);
 		__builtin_memcpy(pkt->flow.dst, &ip6h->daddr, 16);
-		l4_len = pkt->ip_len - sizeof(*ip6h);
+		pkt->l4_len = pkt->ip_len - sizeof(*ip6h);
+		/* TCP and UDP right after the fixed header skip the walk. */
+		if (proto != IPPROTO_TCP && proto != IPPROTO_UDP) {
+			proto = parse_ip6_exthdrs(&nh, data_end, proto, &pkt->l4_len, &pkt->frag);
+			if (proto < 0)
+				return lb_pass(XDPLB_EV_PASS_MALFORMED);
+		}
 	} else {
 		return lb_pass(XDPLB_EV_PASS_NOT_IP);
 	}
+	pkt->flow.proto = proto;
+	cur->l4 = nh.pos;
+	return LB_CONTINUE;
+}
 
-	if (parse_ports(&nh, data_end, proto, l4_len, &ports, &pkt->tcp_flags) < 0)
+/*
+ * Steps 3-5: TCP/UDP fragments and ICMP go to lib/lb_icmp.h (LB_SLOW), other
+ * protocols pass, then the ports of TCP and UDP.
+ */
+static __always_inline int lb_parse_l4(struct xdp_md *ctx, struct lb_pkt *pkt,
+				       struct lb_cursor *cur)
+{
+	struct hdr_cursor nh = { .pos = cur->l4 };
+	void *data_end = (void *)(long)ctx->data_end;
+	__u8 proto = pkt->flow.proto;
+	__u32 ports;
+
+	if (proto != IPPROTO_TCP && proto != IPPROTO_UDP) {
+		if (!pkt->frag && ((proto == IPPROTO_ICMP && pkt->family == XDPLB_FAMILY_V4) ||
+				   (proto == IPPROTO_ICMPV6 && pkt->family == XDPLB_FAMILY_V6)))
+			return LB_SLOW;
+		return lb_pass(XDPLB_EV_PASS_NOT_VIP);
+	}
+	/* Only the first fragment has ports: every fragment is balanced without them. */
+	if (pkt->frag)
+		return LB_SLOW;
+	if (parse_ports(&nh, data_end, proto, pkt->l4_len, &ports, &pkt->tcp_flags) < 0)
 		return lb_vip_drop_or_pass(pkt, XDPLB_DROP_MALFORMED_L4);
 	/* sport then dport in memory, exactly as in the L4 header. */
 	__builtin_memcpy(&pkt->flow.sport, &ports, sizeof(ports));
-	pkt->flow.proto = proto;
 	return LB_CONTINUE;
 }
 

@@ -176,13 +176,14 @@ static __always_inline __u32 lb_flow_hash(const struct lb_pkt *pkt,
 }
 
 /*
- * Step 9.  Returns -1 with tgt filled in and the connection recorded, or a
- * drop verdict.
+ * Step 9 without its bookkeeping: the bucket's hops for this packet.  Returns
+ * -1 with tgt filled in, or a drop verdict.  Fragments and ICMP errors
+ * (lib/lb_icmp.h) stop here; lb_table_lookup() records new flows.
  */
-static __always_inline int lb_table_lookup(const struct lb_pkt *pkt,
-					   const struct xdplb_vip_info *vip,
-					   const struct xdplb_config *cfg, __u32 fhash,
-					   struct lb_target *tgt)
+static __always_inline int lb_table_pick(const struct lb_pkt *pkt,
+					 const struct xdplb_vip_info *vip,
+					 const struct xdplb_config *cfg, __u32 fhash,
+					 struct lb_target *tgt)
 {
 	const struct xdplb_bucket *bucket = NULL;
 	const __u32 *first;
@@ -242,16 +243,33 @@ static __always_inline int lb_table_lookup(const struct lb_pkt *pkt,
 		tgt->next[1] = h2;
 		tgt->next[2] = h3;
 		tgt->nhops = h3 ? 4 : h2 ? 3 : h1 ? 2 : 1;
-		/*
-		 * Only a SYN is sure to start its connection on the first hop.  Any
-		 * other TCP packet we do not know may belong to a connection a
-		 * later hop has: recording it would pin it to the first hop, whose
-		 * packets then carry no later hops to daisy-chain to.
-		 */
-		if (pkt->flow.proto == IPPROTO_TCP && !lb_is_syn(pkt)) {
-			lb_count_event(XDPLB_EV_CONN_MISS);
-			return -1;
-		}
+	}
+	return -1;
+}
+
+/*
+ * Step 9.  Returns -1 with tgt filled in and the connection recorded, or a
+ * drop verdict.
+ */
+static __always_inline int lb_table_lookup(const struct lb_pkt *pkt,
+					   const struct xdplb_vip_info *vip,
+					   const struct xdplb_config *cfg, __u32 fhash,
+					   struct lb_target *tgt)
+{
+	int rc = lb_table_pick(pkt, vip, cfg, fhash, tgt);
+
+	if (rc >= 0)
+		return rc;
+	/*
+	 * Beamer: only a SYN is sure to start its connection on the first hop.
+	 * Any other TCP packet we do not know may belong to a connection a
+	 * later hop has: recording it would pin it to the first hop, whose
+	 * packets then carry no later hops to daisy-chain to.
+	 */
+	if (vip->table_kind == XDPLB_TABLE_BEAMER && pkt->flow.proto == IPPROTO_TCP &&
+	    !lb_is_syn(pkt)) {
+		lb_count_event(XDPLB_EV_CONN_MISS);
+		return -1;
 	}
 
 	/* Best effort: a full set evicts its least recently used way. */

@@ -16,6 +16,8 @@
 #include <bpf/bpf_helpers.h>
 #include <bpf/bpf_endian.h>
 
+#include "xdplb_abi.h"
+
 /* Not in <linux/socket.h> for BPF targets; bpf_fib_lookup() wants these. */
 #define XDPLB_AF_INET	2
 #define XDPLB_AF_INET6	10
@@ -96,7 +98,7 @@ static __always_inline int parse_iphdr(struct hdr_cursor *nh, void *data_end,
 }
 
 /*
- * Fixed IPv6 header; extension headers are not walked.  Accepts
+ * Fixed IPv6 header; extension headers: parse_ip6_exthdrs().  Accepts
  * 40 + payload_len <= bytes left.  Returns the next header, or -1.
  */
 static __always_inline int parse_ip6hdr(struct hdr_cursor *nh, void *data_end,
@@ -117,6 +119,52 @@ static __always_inline int parse_ip6hdr(struct hdr_cursor *nh, void *data_end,
 	*ip_len = len;
 	nh->pos = ip6h + 1;
 	return ip6h->nexthdr;
+}
+
+#define IPV6_FRAG_OFFSET	0xfff8	/* fragment header: offset, in 8-byte units << 3 */
+#define IPV6_FRAG_MF		0x0001	/* fragment header: more fragments */
+
+/*
+ * IPv6 extension headers after the fixed header: hop-by-hop options (0),
+ * routing (43), destination options (60), each (hdr[1] + 1) * 8 bytes, and
+ * fragment (44, 8 bytes), at most XDPLB_MAX_EXTHDRS of them, each inside the
+ * *left bytes of IP payload that remain (decreased as the cursor moves).
+ * A fragment header with an offset or MF set sets *frag and ends the walk:
+ * after it comes payload, not headers (its next header is every fragment's
+ * upper-layer protocol).  Returns the upper-layer protocol, or -1 when a
+ * header is truncated or more than XDPLB_MAX_EXTHDRS headers come.
+ */
+static __always_inline int parse_ip6_exthdrs(struct hdr_cursor *nh, void *data_end,
+					     int nexthdr, __u32 *left, __u8 *frag)
+{
+	int i;
+
+#pragma unroll
+	for (i = 0; i < XDPLB_MAX_EXTHDRS; i++) {
+		__u8 *hdr = nh->pos;
+		__u32 len;
+
+		if (nexthdr != IPPROTO_HOPOPTS && nexthdr != IPPROTO_ROUTING &&
+		    nexthdr != IPPROTO_DSTOPTS && nexthdr != IPPROTO_FRAGMENT)
+			return nexthdr;
+		if ((void *)(hdr + 8) > data_end || *left < 8)
+			return -1;
+		len = nexthdr == IPPROTO_FRAGMENT ? 8 : ((__u32)hdr[1] + 1) * 8;
+		if (len > *left)
+			return -1;
+		*left -= len;
+		nh->pos += len;
+		if (nexthdr == IPPROTO_FRAGMENT &&
+		    (*(__be16 *)(hdr + 2) & bpf_htons(IPV6_FRAG_OFFSET | IPV6_FRAG_MF))) {
+			*frag = 1;
+			return hdr[0];
+		}
+		nexthdr = hdr[0];
+	}
+	if (nexthdr == IPPROTO_HOPOPTS || nexthdr == IPPROTO_ROUTING ||
+	    nexthdr == IPPROTO_DSTOPTS || nexthdr == IPPROTO_FRAGMENT)
+		return -1;
+	return nexthdr;
 }
 
 /*

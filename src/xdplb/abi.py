@@ -305,6 +305,26 @@ class HcTarget(_Struct):
         return cls(addr_words(addr), family_of(addr), encap, flags)
 
 
+# --- ICMP and fragments (bpf/lib/lb_icmp.h) ---
+
+VIP_ADDR_F_FRAG_TCP = 1 << 0
+VIP_ADDR_F_FRAG_UDP = 1 << 1
+VIP_ADDR_F_ECHO = 1 << 2
+MAX_EXTHDRS = 4
+
+
+class VipAddrInfo(_Struct):
+    """Value of lb_vip_addrs: the VIP count, fragments' VIP ports, echo."""
+
+    c_name = "xdplb_vip_addr_info"
+    _fields_ = [
+        ("nvips", ctypes.c_uint32),
+        ("frag_port", ctypes.c_uint16 * 2),  # network order: [0] TCP, [1] UDP
+        ("flags", ctypes.c_uint8),
+        ("pad", ctypes.c_uint8 * 3),
+    ]
+
+
 STRUCTS: tuple[type[_Struct], ...] = (
     VipKey,
     VipInfo,
@@ -318,4 +338,5 @@ STRUCTS: tuple[type[_Struct], ...] = (
     HostConfig,
     Addr,
     HcTarget,
+    VipAddrInfo,
 )

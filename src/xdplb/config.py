@@ -211,6 +211,13 @@ class VipConfig(_Model):
     load_feedback: bool = False
     """Let the backends' reported load move their weights (needs the top-level
     ``load_feedback`` section)."""
+    icmp_echo: bool = False
+    """Answer ICMP/ICMPv6 echo requests to this VIP's address in lb_xdp (set on any VIP of
+    an address, it applies to the address)."""
+    fragments: bool = False
+    """This VIP gets the IP fragments to its address and protocol (their port is
+    unknown). Default: the port-0 VIP of the address and protocol, else its only VIP;
+    with several and no choice, fragments are dropped."""
     health: HealthCheckConfig | None = None
     """Health check of every backend of this VIP (a backend may have its own); none:
     the backends count as up. A backend that fails leaves the table until it recovers."""
@@ -272,6 +279,10 @@ class TunnelConfig(_Model):
     """Outer source address for IPv6 backends."""
     gue_port: Annotated[int, Field(ge=1, le=65535)] = abi.GUE_PORT
     """UDP destination port of GUE; host_tc on the backends must use the same."""
+    icmp_too_big: bool = False
+    """A client packet too big for the tunnel (egress MTU) is answered with ICMP
+    "fragmentation needed" (IPv4 with DF) / ICMPv6 "packet too big" naming the MTU the
+    client must use, instead of being dropped silently."""
 
 
 class Config(_Model):
@@ -317,10 +328,18 @@ class Config(_Model):
         if len(v) > abi.MAX_VIPS:
             raise ValueError(f"at most {abi.MAX_VIPS} VIPs, got {len(v)}")
         seen: set[tuple[IPAddress, int, Protocol]] = set()
+        frag: dict[tuple[IPAddress, Protocol], str] = {}
         for vip in v:
             if vip.key in seen:
                 raise ValueError(f"VIP {vip.name} is listed twice")
             seen.add(vip.key)
+            if vip.fragments:
+                other = frag.setdefault((vip.address, vip.protocol), vip.name)
+                if other != vip.name:
+                    raise ValueError(
+                        f"VIPs {other} and {vip.name} both ask for the fragments of "
+                        f"{vip.address}/{vip.protocol}"
+                    )
         return v
 
     @model_validator(mode="after")

@@ -27,7 +27,7 @@ import enum
 import ipaddress
 import struct
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from functools import cached_property
 
 import numpy as np
@@ -41,7 +41,9 @@ from xdplb.state import (
     LookupTable,
     Snapshot,
     Vip,
+    VipAddrInfo,
     VipParams,
+    vip_addr_infos,
 )
 
 IPAddress = abi.IPAddress
@@ -69,7 +71,21 @@ GUE_HLEN = 4
 GUE_PRIV_HLEN = 4
 
 _IPV4_MF_OFFSET = 0x3FFF  # MF flag and the 13-bit fragment offset
+_IPV4_OFFSET = 0x1FFF
 _TCP_SYN, _TCP_ACK = 0x02, 0x10
+
+IPPROTO_ICMP = 1
+IPPROTO_ICMPV6 = 58
+#: IPv6 extension headers walked in step 2: hop-by-hop, routing, destination options,
+#: fragment.
+IPPROTO_HOPOPTS, IPPROTO_ROUTING, IPPROTO_DSTOPTS, IPPROTO_FRAGMENT = 0, 43, 60, 44
+_EXTHDRS = frozenset((IPPROTO_HOPOPTS, IPPROTO_ROUTING, IPPROTO_DSTOPTS, IPPROTO_FRAGMENT))
+_IPV6_FRAG_OFFSET_MF = 0xFFF9
+ICMP_ECHOREPLY, ICMP_DEST_UNREACH, ICMP_ECHO, ICMP_TIME_EXCEEDED = 0, 3, 8, 11
+ICMPV6_DEST_UNREACH, ICMPV6_PKT_TOOBIG, ICMPV6_TIME_EXCEED = 1, 2, 3
+ICMPV6_ECHO_REQUEST, ICMPV6_ECHO_REPLY = 128, 129
+#: TTL / hop limit of the packets lb_xdp answers itself (echo replies, too-big).
+REPLY_TTL = 64
 
 
 class XdpAction(enum.IntEnum):
@@ -93,6 +109,9 @@ class Outcome(enum.Enum):
     #: ``XDP_TX`` / ``XDP_REDIRECT`` / ``XDP_PASS`` (no neighbour yet) or drops with
     #: reason ``FIB``, by ``bpf_fib_lookup`` (step 12), which the model cannot know.
     FORWARD = "forward"
+    #: Answered in place and sent back out (``XDP_TX``): an echo reply (step 4c);
+    #: :attr:`Decision.packet` is the whole frame, Ethernet header included.
+    REPLY = "reply"
 
 
 # ---------------------------------------------------------------------------
@@ -154,9 +173,11 @@ class DataplaneState:
     config: LbConfig
     #: ``lb_conns``: flow key bytes (:meth:`Flow.key`) -> entry.
     conns: Mapping[bytes, ConnEntry] = field(default_factory=dict)
-    #: ``lb_vip_addrs``; None means "the addresses of ``vips``", which is what the
-    #: control plane keeps it at.  Give it explicitly to model a map out of step.
-    vip_addrs: frozenset[IPAddress] | None = None
+    #: ``lb_vip_addrs``; None means what the control plane keeps it at for ``vips``
+    #: without options (``state.vip_addr_infos``: fragments to the port-0 or only VIP,
+    #: no echo).  A set of addresses means those addresses with the default infos of
+    #: the VIPs on them.  Give it explicitly to model options or a map out of step.
+    vip_addrs: Mapping[IPAddress, VipAddrInfo] | frozenset[IPAddress] | None = None
 
     # Indexes by raw bytes, built once: decide() runs per packet, hundreds of
     # thousands of times in the tests.  cached_property writes to __dict__, which
@@ -166,9 +187,15 @@ class DataplaneState:
         return {(*_addr_key(v.addr), v.port, v.proto): (v, p) for v, p in self.vips.items()}
 
     @cached_property
-    def _vip_addr_index(self) -> frozenset[tuple[int, bytes]]:
-        addrs = self.vip_addrs if self.vip_addrs is not None else {v.addr for v in self.vips}
-        return frozenset(_addr_key(a) for a in addrs)
+    def _vip_addr_index(self) -> dict[tuple[int, bytes], VipAddrInfo]:
+        infos: Mapping[IPAddress, VipAddrInfo]
+        if isinstance(self.vip_addrs, Mapping):
+            infos = self.vip_addrs
+        else:
+            derived = vip_addr_infos(self.vips)
+            addrs = derived.keys() if self.vip_addrs is None else self.vip_addrs
+            infos = {a: derived.get(a, VipAddrInfo(0)) for a in addrs}
+        return {_addr_key(a): info for a, info in infos.items()}
 
     def backend_usable(self, backend_id: int) -> bool:
         """A backend the program may send to: id ≠ 0, in range, slot active."""
@@ -193,6 +220,10 @@ class DataplaneState:
     def is_vip_addr(self, version: int, addr: bytes) -> bool:
         """``lb_vip_addrs`` membership (steps 4 and 5, where the port is unknown)."""
         return (version, addr) in self._vip_addr_index
+
+    def vip_addr_info(self, version: int, addr: bytes) -> VipAddrInfo | None:
+        """``lb_vip_addrs[addr]``, or None."""
+        return self._vip_addr_index.get((version, addr))
 
 
 # ---------------------------------------------------------------------------
@@ -252,6 +283,8 @@ class Decision:
             return action == XdpAction.DROP
         if self.outcome is Outcome.PASS:
             return action == XdpAction.PASS
+        if self.outcome is Outcome.REPLY:
+            return action == XdpAction.TX
         return action in (XdpAction.TX, XdpAction.REDIRECT, XdpAction.PASS, XdpAction.DROP)
 
     def describe(self) -> str:
@@ -307,14 +340,41 @@ class _Parsed:
     tos: int  # TOS / traffic class
     src: bytes
     dst: bytes
-    proto: int
-    sport: int
+    proto: int  # the upper-layer protocol (after IPv6 extension headers)
+    sport: int  # 0 for fragments and ICMP
     dport: int
     tcp_flags: int  # 0 for UDP
+    l4: int = 0  # offset of the upper-layer header
+    l4_len: int = 0  # IP payload from l4 on
+    frag: bool = False  # IPv4 MF/offset, IPv6 fragment header with either
+    #: Steps 4a-4c take it (a TCP/UDP fragment, or ICMP): :func:`_decide_slow`.
+    slow: bool = False
 
 
-def _parse(frame: bytes, state: DataplaneState) -> _Parsed | Decision:
-    """Steps 1-5: a parsed VIP-candidate packet, or the decision that ends it."""
+def _walk_exthdrs(frame: bytes, pos: int, nexthdr: int, left: int) -> tuple[int, int, int, bool]:
+    """Step 2's IPv6 extension headers (parse_ip6_exthdrs in bpf/lib/parsing.h):
+    (upper-layer protocol, its offset, IP payload left, fragment), or proto -1."""
+    for _ in range(abi.MAX_EXTHDRS):
+        if nexthdr not in _EXTHDRS:
+            return nexthdr, pos, left, False
+        if left < 8:
+            return -1, pos, left, False
+        hlen = 8 if nexthdr == IPPROTO_FRAGMENT else (frame[pos + 1] + 1) * 8
+        if hlen > left:
+            return -1, pos, left, False
+        left -= hlen
+        # A fragment with an offset or MF: payload follows, not headers.
+        frag_bits = int.from_bytes(frame[pos + 2 : pos + 4], "big") & _IPV6_FRAG_OFFSET_MF
+        if nexthdr == IPPROTO_FRAGMENT and frag_bits:
+            return frame[pos], pos + hlen, left, True
+        nexthdr, pos = frame[pos], pos + hlen
+    if nexthdr in _EXTHDRS:
+        return -1, pos, left, False
+    return nexthdr, pos, left, False
+
+
+def _parse_ip(frame: bytes) -> _Parsed | Decision:
+    """Steps 1-2: addresses, lengths and the upper-layer protocol, or the decision."""
     n = len(frame)
     # 1. Ethernet, one 802.1Q / 802.1ad tag skipped.
     if n < ETH_HLEN:
@@ -339,52 +399,87 @@ def _parse(frame: bytes, state: DataplaneState) -> _Parsed | Decision:
         ip_len = int.from_bytes(frame[l3 + 2 : l3 + 4], "big")
         if not ihl <= ip_len <= left:
             return _PASS_MALFORMED
-        version = 4
-        tos = frame[l3 + 1]
-        l4proto = frame[l3 + 9]
-        src = frame[l3 + 12 : l3 + 16]
-        dst = frame[l3 + 16 : l3 + 20]
-        l4 = l3 + ihl
-        frag = int.from_bytes(frame[l3 + 6 : l3 + 8], "big") & _IPV4_MF_OFFSET
-    elif proto == ETH_P_IPV6:
+        frag = bool(int.from_bytes(frame[l3 + 6 : l3 + 8], "big") & _IPV4_MF_OFFSET)
+        return _Parsed(
+            l3,
+            4,
+            ip_len,
+            frame[l3 + 1],
+            frame[l3 + 12 : l3 + 16],
+            frame[l3 + 16 : l3 + 20],
+            frame[l3 + 9],
+            0,
+            0,
+            0,
+            l3 + ihl,
+            ip_len - ihl,
+            frag,
+        )
+    if proto == ETH_P_IPV6:
         if left < 40:
             return _PASS_MALFORMED
         ip_len = 40 + int.from_bytes(frame[l3 + 4 : l3 + 6], "big")
         if frame[l3] >> 4 != 6 or ip_len > left:
             return _PASS_MALFORMED
-        version = 6
-        tos = (int.from_bytes(frame[l3 : l3 + 2], "big") >> 4) & 0xFF
-        l4proto = frame[l3 + 6]
-        src = frame[l3 + 8 : l3 + 24]
-        dst = frame[l3 + 24 : l3 + 40]
-        l4 = l3 + 40
-        frag = 0
-    else:
-        return _PASS_NOT_IP
+        l4proto, l4, l4_len, frag = frame[l3 + 6], l3 + 40, ip_len - 40, False
+        # 2. Extension headers, unless TCP or UDP comes first (the fast path).
+        if l4proto != IPPROTO_TCP and l4proto != IPPROTO_UDP:
+            l4proto, l4, l4_len, frag = _walk_exthdrs(frame, l4, l4proto, l4_len)
+            if l4proto < 0:
+                return _PASS_MALFORMED
+        return _Parsed(
+            l3,
+            6,
+            ip_len,
+            (int.from_bytes(frame[l3 : l3 + 2], "big") >> 4) & 0xFF,
+            frame[l3 + 8 : l3 + 24],
+            frame[l3 + 24 : l3 + 40],
+            l4proto,
+            0,
+            0,
+            0,
+            l4,
+            l4_len,
+            frag,
+        )
+    return _PASS_NOT_IP
 
-    # 3. Only TCP and UDP (IPv6: the first next header, no extension headers walked).
-    if l4proto != IPPROTO_TCP and l4proto != IPPROTO_UDP:
+
+def _parse_l4(frame: bytes, p: _Parsed, state: DataplaneState) -> _Parsed | Decision:
+    """Steps 3-5: fragments and ICMP to the slow path, other protocols pass, ports."""
+    # 3. TCP and UDP are balanced; ICMP (not a fragment) and TCP/UDP fragments take 4a-4c.
+    if p.proto != IPPROTO_TCP and p.proto != IPPROTO_UDP:
+        icmp = IPPROTO_ICMP if p.version == 4 else IPPROTO_ICMPV6
+        if not p.frag and p.proto == icmp:
+            return replace(p, slow=True)
         return _PASS_NOT_VIP
-    # 4. IPv4 fragments of a VIP address are dropped: only the first has ports.
-    if frag:
-        if state.is_vip_addr(version, dst):
-            return _drop(abi.DropReason.FRAGMENT)
-        return _PASS_NOT_VIP
+    # 4. Fragments: only the first has ports; every one is balanced without them.
+    if p.frag:
+        return replace(p, slow=True)
     # 5. The L4 header must lie inside the IP packet (not merely inside the frame:
     #    Ethernet padding is not payload).
-    l4_len = l3 + ip_len - l4
-    if l4proto == IPPROTO_TCP:
+    l4, l4_len = p.l4, p.l4_len
+    if p.proto == IPPROTO_TCP:
         ok = l4_len >= 20 and 5 * 4 <= (frame[l4 + 12] >> 4) * 4 <= l4_len
     else:
         ok = l4_len >= 8
     if not ok:
-        if state.is_vip_addr(version, dst):
+        if state.is_vip_addr(p.version, p.dst):
             return _drop(abi.DropReason.MALFORMED_L4)
         return _PASS_NOT_VIP
     sport = int.from_bytes(frame[l4 : l4 + 2], "big")
     dport = int.from_bytes(frame[l4 + 2 : l4 + 4], "big")
-    flags = frame[l4 + 13] if l4proto == IPPROTO_TCP else 0
-    return _Parsed(l3, version, ip_len, tos, src, dst, l4proto, sport, dport, flags)
+    flags = frame[l4 + 13] if p.proto == IPPROTO_TCP else 0
+    return replace(p, sport=sport, dport=dport, tcp_flags=flags)
+
+
+def _parse(frame: bytes, state: DataplaneState) -> _Parsed | Decision:
+    """Steps 1-5: a parsed VIP-candidate packet, or the decision that ends it."""
+    parsed = _parse_ip(frame)
+    if isinstance(parsed, Decision):
+        return parsed
+    # global ACL (lb_acl.h)
+    return _parse_l4(frame, parsed, state)
 
 
 def _ip(version: int, raw: bytes) -> IPAddress:
@@ -397,6 +492,8 @@ def decide(state: DataplaneState, frame: bytes) -> Decision:
     if isinstance(parsed, Decision):
         return parsed
     p = parsed
+    if p.slow:
+        return _decide_slow(state, frame, p)
     # 6. The VIP: exact port, then the port-0 wildcard.
     hit = state._find_vip(p.version, p.dst, p.dport, p.proto)
     if hit is None:
@@ -464,27 +561,37 @@ def _choose(
             return ((abi.Event.CONN_HIT,), None, conn.hash, None, (conn.backend_id,), None)
         events = (abi.Event.CONN_STALE,)
     # 9. Table.
+    drop, flow_hash, bucket, hops = _pick(state, params, flow)
+    if drop is not None:
+        return (events, drop, flow_hash, bucket, (), None)
+    beamer = params.table_kind == abi.TableKind.BEAMER
+    # Beamer records only connections sure to start on the first hop: a mid-flow TCP
+    # packet may be a later hop's, and a record would drop those hops from its list.
+    insert = (key, ConnEntry(hops[0], flow_hash)) if starts or not beamer else None
+    return ((*events, abi.Event.CONN_MISS), None, flow_hash, bucket, hops, insert)
+
+
+def _pick(
+    state: DataplaneState, params: VipParams, flow: Flow
+) -> tuple[abi.DropReason | None, int, int | None, tuple[int, ...]]:
+    """Step 9 without its bookkeeping (lb_table_pick): (drop, hash, bucket, hops)."""
     src_only = bool(params.flags & abi.VIP_F_SRC_HASH)
     flow_hash = hashing.flow_hash(flow.hash_key(src_only), state.config.seed)
     table = state.tables.get(params.vip_id)
     # A zero table_size counts as no table (BPF's x % 0 == x would pick a random bucket).
     if table is None or params.table_size == 0:
-        return (events, abi.DropReason.NO_TABLE, flow_hash, None, (), None)
+        return (abi.DropReason.NO_TABLE, flow_hash, None, ())
     bucket = flow_hash % params.table_size
     if bucket >= len(table):
-        return (events, abi.DropReason.NO_BACKEND, flow_hash, bucket, (), None)
+        return (abi.DropReason.NO_BACKEND, flow_hash, bucket, ())
     first = int(table.first[bucket])
     if not state.backend_usable(first):
-        return (events, abi.DropReason.NO_BACKEND, flow_hash, bucket, (), None)
+        return (abi.DropReason.NO_BACKEND, flow_hash, bucket, ())
     hops: tuple[int, ...] = (first,)
-    beamer = params.table_kind == abi.TableKind.BEAMER
-    if beamer and table.rest is not None:
+    if params.table_kind == abi.TableKind.BEAMER and table.rest is not None:
         later = (int(h) for h in table.rest[bucket])
         hops = (first, *(h for h in later if h != 0 and _later_hop_ok(state, first, h)))
-    # Beamer records only connections sure to start on the first hop: a mid-flow TCP
-    # packet may be a later hop's, and a record would drop those hops from its list.
-    insert = (key, ConnEntry(first, flow_hash)) if starts or not beamer else None
-    return ((*events, abi.Event.CONN_MISS), None, flow_hash, bucket, hops, insert)
+    return (None, flow_hash, bucket, hops)
 
 
 def _later_hop_ok(state: DataplaneState, first: int, hop: int) -> bool:
@@ -554,6 +661,164 @@ def _outer_headers(
             target.packed,
         )
     return hdr + tunnel
+
+
+# ---------------------------------------------------------------------------
+# Steps 4a-4c: fragments and ICMP to a VIP address (bpf/lib/lb_icmp.h)
+# ---------------------------------------------------------------------------
+
+
+def csum_replace16(csum: int, old: int, new: int) -> int:
+    """RFC 1624 eqn. 3: a checksum after one 16-bit word of its data changed."""
+    total = (~csum & 0xFFFF) + (~old & 0xFFFF) + new
+    total = (total & 0xFFFF) + (total >> 16)
+    total = (total & 0xFFFF) + (total >> 16)
+    return ~total & 0xFFFF
+
+
+def _word(buf: bytes | bytearray, off: int) -> int:
+    return int.from_bytes(buf[off : off + 2], "big")
+
+
+def _echo_reply(frame: bytes, p: _Parsed) -> Decision:
+    """4c: the echo request answered in place (lb_icmp_echo)."""
+    out = bytearray(frame)
+    out[0:6], out[6:12] = frame[6:12], frame[0:6]
+    l3, l4 = p.l3, p.l4
+    alen = 4 if p.version == 4 else 16
+    a = l3 + (12 if p.version == 4 else 8)
+    out[a : a + alen], out[a + alen : a + 2 * alen] = (
+        frame[a + alen : a + 2 * alen],
+        frame[a : a + alen],
+    )
+    if p.version == 4:
+        old = _word(out, l3 + 8)
+        out[l3 + 8] = REPLY_TTL
+        out[l3 + 10 : l3 + 12] = csum_replace16(
+            _word(out, l3 + 10), old, _word(out, l3 + 8)
+        ).to_bytes(2, "big")
+        reply_type = ICMP_ECHOREPLY
+    else:
+        out[l3 + 7] = REPLY_TTL
+        reply_type = ICMPV6_ECHO_REPLY
+    old = _word(out, l4)
+    out[l4] = reply_type
+    out[l4 + 2 : l4 + 4] = csum_replace16(_word(out, l4 + 2), old, _word(out, l4)).to_bytes(
+        2, "big"
+    )
+    return Decision(Outcome.REPLY, events=(abi.Event.ICMP_ECHO,), packet=bytes(out))
+
+
+def _quoted_flow(frame: bytes, p: _Parsed) -> Flow | None:
+    """4b: the client's flow from an ICMP error's quote (lb_icmp_quote), or None."""
+    q, left = p.l4 + 8, p.l4_len - 8
+    if p.version == 4:
+        if left < 20 or frame[q] >> 4 != 4:
+            return None
+        hl = (frame[q] & 0xF) * 4
+        proto = frame[q + 9]
+        if (
+            hl < 20
+            or left < hl + 4
+            or _word(frame, q + 6) & _IPV4_OFFSET
+            or proto not in (IPPROTO_TCP, IPPROTO_UDP)
+            or frame[q + 12 : q + 16] != p.dst
+        ):
+            return None
+        client, ports = frame[q + 16 : q + 20], q + hl
+    else:
+        if left < 44:
+            return None
+        proto = frame[q + 6]
+        if (
+            frame[q] >> 4 != 6
+            or proto not in (IPPROTO_TCP, IPPROTO_UDP)
+            or frame[q + 8 : q + 24] != p.dst
+        ):
+            return None
+        client, ports = frame[q + 24 : q + 40], q + 40
+    qsport, qdport = _word(frame, ports), _word(frame, ports + 2)
+    return Flow(_ip(p.version, client), _ip(p.version, p.dst), qdport, qsport, proto)
+
+
+def _decide_slow(state: DataplaneState, frame: bytes, p: _Parsed) -> Decision:
+    """Steps 4a-4c: a TCP/UDP fragment or an ICMP message (lb_icmp_frag)."""
+    info = state.vip_addr_info(p.version, p.dst)
+    if info is None:
+        return _PASS_NOT_VIP
+    if p.frag:
+        # 4a. The address's fragment VIP for the protocol; hashed with the ports zero.
+        port = info.frag_port(p.proto)
+        hit = None if port is None else state._vip_index.get((p.version, p.dst, port, p.proto))
+        if hit is None:
+            return _drop(abi.DropReason.FRAGMENT)
+        flow = Flow(_ip(p.version, p.src), _ip(p.version, p.dst), 0, 0, p.proto)
+        event = abi.Event.FRAGMENT
+    else:
+        if p.l4_len < 8:
+            return _drop(abi.DropReason.ICMP)
+        icmp_type = frame[p.l4]
+        if p.version == 4:
+            if icmp_type == ICMP_ECHO and info.echo:
+                return _echo_reply(frame, p)
+            errors: tuple[int, ...] = (ICMP_DEST_UNREACH, ICMP_TIME_EXCEEDED)
+        else:
+            # Answered only without extension headers (a routing header...).
+            if icmp_type == ICMPV6_ECHO_REQUEST and info.echo and p.l4_len == p.ip_len - 40:
+                return _echo_reply(frame, p)
+            errors = (ICMPV6_DEST_UNREACH, ICMPV6_PKT_TOOBIG, ICMPV6_TIME_EXCEED)
+        if icmp_type not in errors:
+            return _PASS_NOT_VIP
+        # 4b. The quoted reply, reversed: the client's flow, its VIP.
+        quoted = _quoted_flow(frame, p)
+        hit = None if quoted is None else state.find_vip(quoted.dst, quoted.dport, quoted.proto)
+        if quoted is None or hit is None:
+            return _drop(abi.DropReason.ICMP)
+        flow = quoted
+        event = abi.Event.ICMP_ERROR
+    vip, params = hit
+    key = flow.key()
+    events: tuple[abi.Event, ...] = ()
+    hops: tuple[int, ...] = ()
+    flow_hash: int | None = None
+    bucket: int | None = None
+    # The flow's own packets would go: connection table (not for fragments), then
+    # the VIP's table; nothing is recorded and no new flow is counted.
+    conn = state.conns.get(key) if event is abi.Event.ICMP_ERROR else None
+    if conn is not None and state.backend_usable(conn.backend_id):
+        events, flow_hash, hops = (abi.Event.CONN_HIT,), conn.hash, (conn.backend_id,)
+    else:
+        if conn is not None:
+            events = (abi.Event.CONN_STALE,)
+        drop, flow_hash, bucket, hops = _pick(state, params, flow)
+        if drop is not None:
+            return Decision(
+                Outcome.DROP,
+                events=events,
+                drop=drop,
+                flow=flow,
+                vip=vip,
+                vip_params=params,
+                flow_hash=flow_hash,
+                bucket=bucket,
+            )
+    events = (*events, event)
+    outer = _outer_headers(state, params, p, hops, flow_hash)
+    return Decision(
+        Outcome.FORWARD if outer is not None else Outcome.DROP,
+        events=events,
+        drop=None if outer is not None else abi.DropReason.NO_CONFIG,
+        flow=flow,
+        vip=vip,
+        vip_params=params,
+        flow_hash=flow_hash,
+        bucket=bucket,
+        backend_id=hops[0],
+        hops=hops,
+        gue_sport=gue_sport(flow_hash) if outer is not None else None,
+        packet=outer + frame[p.l3 :] if outer is not None else None,
+        stats_bytes=p.ip_len,
+    )
 
 
 def apply(state: DataplaneState, decision: Decision) -> DataplaneState:

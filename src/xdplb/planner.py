@@ -30,7 +30,16 @@ from dataclasses import dataclass, field, replace
 
 from xdplb import abi, beamer, maglev
 from xdplb.config import Config, HashFields, TableKindName, VipConfig
-from xdplb.state import BackendState, LbConfig, LookupTable, Snapshot, Vip, VipParams
+from xdplb.state import (
+    BackendState,
+    LbConfig,
+    LookupTable,
+    Snapshot,
+    Vip,
+    VipAddrInfo,
+    VipParams,
+    vip_addr_infos,
+)
 
 IPAddress = ipaddress.IPv4Address | ipaddress.IPv6Address
 
@@ -64,7 +73,7 @@ class PutTable:
 @dataclass(frozen=True)
 class PutVipAddr:
     address: IPAddress
-    count: int
+    info: VipAddrInfo
 
 
 @dataclass(frozen=True)
@@ -132,7 +141,24 @@ def _lowest_free(used: Iterable[int], start: int, stop: int) -> Iterable[int]:
 
 
 def desired_config(cfg: Config) -> LbConfig:
-    return LbConfig(cfg.tunnel.source_v4, cfg.tunnel.source_v6, cfg.tunnel.gue_port, cfg.hash_seed)
+    flags = abi.CFG_F_PTB if cfg.tunnel.icmp_too_big else 0
+    return LbConfig(
+        cfg.tunnel.source_v4,
+        cfg.tunnel.source_v6,
+        cfg.tunnel.gue_port,
+        cfg.hash_seed,
+        flags=flags,
+    )
+
+
+def desired_vip_addrs(cfg: Config) -> dict[IPAddress, VipAddrInfo]:
+    """``lb_vip_addrs``: per VIP address its VIP count, the VIP its fragments go to per
+    protocol (``fragments: true``, else the port-0 VIP, else the only one) and echo."""
+    return vip_addr_infos(
+        [vip_key(v) for v in cfg.vips],
+        chosen=[vip_key(v) for v in cfg.vips if v.fragments],
+        echo=[v.address for v in cfg.vips if v.icmp_echo],
+    )
 
 
 @dataclass(frozen=True)
@@ -256,16 +282,15 @@ def plan(
         if b.active and bid not in ids.values() and bid not in named:
             ops_del.append(DeleteBackend(bid))
 
-    addr_counts: dict[IPAddress, int] = {}
-    for vip in cfg.vips:
-        addr_counts[vip.address] = addr_counts.get(vip.address, 0) + 1
-    for addr, n in addr_counts.items():
-        if current.vip_addrs.get(addr) != n:
-            ops_put.append(PutVipAddr(addr, n))
+    # After the VIPs: an address's fragments never name a VIP not in lb_vips yet.
+    addr_infos = desired_vip_addrs(cfg)
+    for addr, info in addr_infos.items():
+        if current.vip_addrs.get(addr) != info:
+            ops_put.append(PutVipAddr(addr, info))
 
     for key in sorted(current.vips.keys() - desired_keys, key=_key_order):
         ops_del.insert(0, DeleteVip(key))
-    for addr in sorted(current.vip_addrs.keys() - addr_counts.keys(), key=_addr_order):
+    for addr in sorted(current.vip_addrs.keys() - addr_infos.keys(), key=_addr_order):
         ops_del.insert(0, DeleteVipAddr(addr))
     for vip_id in sorted(current.tables.keys() - live_tables.keys()):
         ops_del.insert(0, DeleteTable(vip_id))

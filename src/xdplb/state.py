@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import ipaddress
 import socket
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -267,6 +268,85 @@ class ConnEntry:
     hash: int
 
 
+@dataclass(frozen=True)
+class VipAddrInfo:
+    """An ``lb_vip_addrs`` value (``struct xdplb_vip_addr_info``): what lb_xdp knows of a
+    VIP address for packets whose port it cannot use (fragments, ICMP)."""
+
+    #: VIPs on the address.
+    nvips: int = 1
+    #: The port of the TCP VIP that gets the address's TCP fragments (0: the wildcard),
+    #: None: no TCP VIP does (they drop ``FRAGMENT``).
+    frag_tcp: int | None = None
+    #: Likewise for UDP.
+    frag_udp: int | None = None
+    #: Echo requests to the address are answered by lb_xdp.
+    echo: bool = False
+
+    def frag_port(self, proto: int) -> int | None:
+        """The VIP port of ``proto``'s fragments, or None."""
+        return self.frag_tcp if proto == abi.IPPROTO_TCP else self.frag_udp
+
+    def abi_value(self) -> abi.VipAddrInfo:
+        info = abi.VipAddrInfo(self.nvips)
+        if self.frag_tcp is not None:
+            info.flags |= abi.VIP_ADDR_F_FRAG_TCP
+            info.frag_port[0] = socket.htons(self.frag_tcp)
+        if self.frag_udp is not None:
+            info.flags |= abi.VIP_ADDR_F_FRAG_UDP
+            info.frag_port[1] = socket.htons(self.frag_udp)
+        if self.echo:
+            info.flags |= abi.VIP_ADDR_F_ECHO
+        return info
+
+    @classmethod
+    def from_abi(cls, info: abi.VipAddrInfo) -> VipAddrInfo:
+        tcp = info.flags & abi.VIP_ADDR_F_FRAG_TCP
+        udp = info.flags & abi.VIP_ADDR_F_FRAG_UDP
+        return cls(
+            info.nvips,
+            socket.ntohs(info.frag_port[0]) if tcp else None,
+            socket.ntohs(info.frag_port[1]) if udp else None,
+            bool(info.flags & abi.VIP_ADDR_F_ECHO),
+        )
+
+
+def fragment_vip(vips: Iterable[Vip], chosen: Iterable[Vip] = ()) -> Vip | None:
+    """Which of one address's VIPs of one protocol gets its fragments (their port is
+    unknown): the one ``chosen`` (the config's ``fragments: true``), else the port-0
+    wildcard, else the only one; None when several VIPs leave it open."""
+    vips = list(vips)
+    picked = [v for v in chosen if v in vips]
+    if picked:
+        return picked[0]
+    wild = [v for v in vips if v.port == 0]
+    if wild:
+        return wild[0]
+    return vips[0] if len(vips) == 1 else None
+
+
+def vip_addr_infos(
+    vips: Iterable[Vip], *, chosen: Iterable[Vip] = (), echo: Iterable[IPAddress] = ()
+) -> dict[IPAddress, VipAddrInfo]:
+    """``lb_vip_addrs`` for a set of VIPs: one entry per address, with its fragments'
+    VIP per protocol (:func:`fragment_vip`) and echo when the address is in ``echo``."""
+    by_addr: dict[IPAddress, list[Vip]] = {}
+    for v in vips:
+        by_addr.setdefault(v.addr, []).append(v)
+    chosen, echo = list(chosen), set(echo)
+    out = {}
+    for addr, on in by_addr.items():
+        tcp = fragment_vip([v for v in on if v.proto == abi.IPPROTO_TCP], chosen)
+        udp = fragment_vip([v for v in on if v.proto == abi.IPPROTO_UDP], chosen)
+        out[addr] = VipAddrInfo(
+            len(on),
+            tcp.port if tcp is not None else None,
+            udp.port if udp is not None else None,
+            addr in echo,
+        )
+    return out
+
+
 @dataclass
 class Snapshot:
     """Every map of lb_xdp but the connection table: what the planner plans against."""
@@ -278,7 +358,7 @@ class Snapshot:
     #: ``lb_tables`` and ``lb_btables`` together: vip id -> inner table (vip ids are
     #: unique across both; the VIP's ``table_kind`` says which map holds it).
     tables: dict[int, LookupTable] = field(default_factory=dict)
-    #: ``lb_vip_addrs``: address -> number of VIPs on it.
-    vip_addrs: dict[IPAddress, int] = field(default_factory=dict)
+    #: ``lb_vip_addrs``: address -> what lb_xdp knows of it.
+    vip_addrs: dict[IPAddress, VipAddrInfo] = field(default_factory=dict)
     #: ``lb_config[0]``.
     config: LbConfig = field(default_factory=lambda: LbConfig(None, None))

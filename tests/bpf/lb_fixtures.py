@@ -339,6 +339,47 @@ def _fragment(env: Env) -> bytes:
     return bytes(pkt)
 
 
+def fragment_hash(frame: bytes, vip: VipDef, seed: int = SEED) -> int:
+    """A fragment's flow hash: (src, dst, proto) with the ports zero (or the source)."""
+    off = l3_offset(frame)
+    if frame[off] >> 4 == 4:
+        src, dst, proto = (
+            A(frame[off + 12 : off + 16]),
+            A(frame[off + 16 : off + 20]),
+            frame[off + 9],
+        )
+    else:
+        src, dst = A(frame[off + 8 : off + 24]), A(frame[off + 24 : off + 40])
+        proto = frame[off + 40]  # the fragment header's next header (no other ext header)
+    if vip.flags & abi.VIP_F_SRC_HASH:
+        key = abi.FlowKey(abi.addr_words(src))
+    else:
+        key = abi.FlowKey.make(src, dst, 0, 0, proto)
+    return flow_hash(bytes(key), seed)
+
+
+def fragment_flow(vip_name: str) -> Callable[[Env, bytes], Expect]:
+    """A fragment of a VIP address: hashed without ports into the VIP's table, never
+    recorded, no new flow counted."""
+
+    def expect(env: Env, frame: bytes) -> Expect:
+        vip = VIPS[vip_name]
+        assert vip.backends is not None
+        h = fragment_hash(frame, vip)
+        be = BACKENDS[vip.backends[(h % TABLE_SIZE) % len(vip.backends)]]
+        assert be.mac is not None
+        ip_len = flow_of(frame)[5]
+        return Expect(
+            XDP_TX,
+            encapsulated(frame, vip, be, h, eth_dst=be.mac, eth_src=env.lb_mac),
+            events={Event.FRAGMENT: 1, Event.TX: 1},
+            vip_stats={vip.id: (1, ip_len, 0)},
+            be_stats={be.id: (1, ip_len, 0)},
+        )
+
+    return expect
+
+
 def _later_fragment_not_vip(env: Env) -> bytes:
     pkt = (
         Ether(dst=env.lb_mac, src=CLIENT_MAC)
@@ -552,7 +593,11 @@ CASES: list[Case] = [
         _tot_len_too_big,
         passed(Event.PASS_MALFORMED),
     ),
-    Case("IPv4 first fragment to a VIP: dropped", _fragment, dropped(DropReason.FRAGMENT)),
+    Case(
+        "IPv4 first fragment to a VIP: hashed without ports to the address's TCP VIP",
+        _fragment,
+        fragment_flow("tcp4"),
+    ),
     Case(
         "IPv4 fragment to another address: passed",
         _later_fragment_not_vip,

@@ -12,6 +12,7 @@ import socket
 import struct
 from collections.abc import Iterable
 from pathlib import Path
+from typing import Any
 
 import lb_fixtures as fx
 import numpy as np
@@ -21,6 +22,7 @@ from xdplb.datapath import BPF_F_INNER_MAP, BpfObject, Map, MapType, TestRunResu
 from xdplb.datapath.conns import ConnTable
 from xdplb.datapath.lb import TABLE_MAPS
 from xdplb.model import ConnEntry, LookupTable
+from xdplb.state import Vip, vip_addr_infos
 
 #: A table as the harness installed it: first hops, later hops, kind.
 _TableDef = tuple[tuple[int, ...], tuple[tuple[int, ...], ...], abi.TableKind]
@@ -145,19 +147,26 @@ class Lb:
         self.set_config()
         for be in fx.BACKENDS.values():
             self.set_backend(be.id, active=be.active)
-        addrs: dict[fx.IPAddress, int] = {}
         for vip in fx.VIPS.values():
             self.put_vip(vip)
-            addrs[vip.addr] = addrs.get(vip.addr, 0) + 1
-        for addr, n in addrs.items():
-            self.obj.map("lb_vip_addrs").update(abi.Addr.make(addr).pack(), _u32(n))
+        self.set_vip_addrs()
 
-    def set_config(self, *, src4: bool = True, src6: bool = True, seed: int = fx.SEED) -> None:
+    def set_vip_addrs(self, **kw: Any) -> None:
+        """lb_vip_addrs as the planner makes it for the fixture VIPs (``vip_addr_infos``
+        keywords: ``chosen``, ``echo``)."""
+        vips = [Vip(v.addr, v.port, v.proto) for v in fx.VIPS.values()]
+        for addr, info in vip_addr_infos(vips, **kw).items():
+            self.obj.map("lb_vip_addrs").update(abi.Addr.make(addr).pack(), info.abi_value().pack())
+
+    def set_config(
+        self, *, src4: bool = True, src6: bool = True, seed: int = fx.SEED, flags: int = 0
+    ) -> None:
         cfg = abi.Config(
             src4=int.from_bytes(fx.LB_SRC4.packed, "little") if src4 else 0,
             gue_port=socket.htons(fx.GUE_PORT),
             hash_seed=seed,
         )
+        cfg.flags = flags
         if src6:
             cfg.src6[:] = abi.addr_words(fx.LB_SRC6)
         self.obj.map("lb_config").update(_u32(0), cfg.pack())

@@ -106,12 +106,9 @@ class ModelLb:
         vips = obj.map("lb_vips")
         for vip, params in state.vips.items():
             vips.update(vip.abi_key().pack(), params.abi_value().pack())
-        counts = Counter(vip.addr for vip in state.vips)
-        addrs = state.vip_addrs if state.vip_addrs is not None else frozenset(counts)
-        for addr in addrs:
-            obj.map("lb_vip_addrs").update(
-                abi.Addr.make(addr).pack(), struct.pack("<I", counts.get(addr, 1))
-            )
+        for key, info in state._vip_addr_index.items():
+            addr = ipaddress.ip_address(key[1])
+            obj.map("lb_vip_addrs").update(abi.Addr.make(addr).pack(), info.abi_value().pack())
         slots = bytearray(abi.MAX_BACKENDS * 20)
         for bid, be in state.backends.items():
             slots[bid * 20 : bid * 20 + 20] = be.abi_value().pack()
@@ -294,6 +291,13 @@ def hexdiff(want: bytes, got: bytes) -> str:
 def check_forward(mlb: ModelLb, frame: bytes, d: model.Decision, r: TestRunResult) -> str | None:
     """None if the program did exactly what the model says, else a readable difference."""
     got = model.XdpAction(r.retval).name if 0 <= r.retval <= 4 else str(r.retval)
+    if d.outcome is model.Outcome.REPLY:
+        assert d.packet is not None
+        if r.retval != model.XdpAction.TX:
+            return f"model {d.describe()}, program returned {got}"
+        if r.data != d.packet:
+            return f"reply differs: {hexdiff(d.packet, r.data)}"
+        return None
     if d.outcome is not model.Outcome.FORWARD:
         want = model.XdpAction.DROP if d.outcome is model.Outcome.DROP else model.XdpAction.PASS
         if r.retval != want:

@@ -232,9 +232,10 @@ def inner_is_valid(out: bytes) -> str | None:
         ip_len = int.from_bytes(inner[2:4], "big")
         if not (ihl <= ip_len <= len(inner) and ihl <= len(inner)):
             return "inner IPv4 lengths"
-        if int.from_bytes(inner[6:8], "big") & 0x3FFF:
-            return "inner IPv4 fragment"
         proto, l4, l4_len = inner[9], ihl, ip_len - ihl
+        if int.from_bytes(inner[6:8], "big") & 0x3FFF:
+            # Fragments are balanced by addresses: no L4 header to check.
+            return None if proto in (abi.IPPROTO_TCP, abi.IPPROTO_UDP) else "inner fragment"
     elif inner_family == 41:
         if len(inner) < 40 or inner[0] >> 4 != 6:
             return "inner IPv6 header"
@@ -242,6 +243,17 @@ def inner_is_valid(out: bytes) -> str | None:
         if ip_len > len(inner):
             return "inner IPv6 payload_len"
         proto, l4, l4_len = inner[6], 40, ip_len - 40
+        for _ in range(abi.MAX_EXTHDRS):  # hop-by-hop, routing, destination options, fragment
+            if proto not in (0, 43, 60, 44):
+                break
+            hlen = 8 if proto == 44 else (inner[l4 + 1] + 1) * 8
+            if l4_len < 8 or hlen > l4_len:
+                return "inner IPv6 extension header"
+            frag = proto == 44 and int.from_bytes(inner[l4 + 2 : l4 + 4], "big") & 0xFFF9
+            proto, l4, l4_len = inner[l4], l4 + hlen, l4_len - hlen
+            if frag:
+                ok = proto in (abi.IPPROTO_TCP, abi.IPPROTO_UDP)
+                return None if ok else "inner fragment"
     else:
         return f"inner family {inner_family}"
     if olen != inner_off + ip_len:
@@ -252,6 +264,9 @@ def inner_is_valid(out: bytes) -> str | None:
     elif proto == abi.IPPROTO_UDP:
         if l4_len < 8:
             return "inner UDP header"
+    elif proto == (1 if inner_family == 4 else 58):
+        if l4_len < 8 + (20 if inner_family == 4 else 40) + 4:
+            return "inner ICMP error without a quote"
     else:
         return f"inner protocol {proto}"
     return None

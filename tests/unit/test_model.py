@@ -197,14 +197,15 @@ def test_icmp_to_a_vip_passes_as_not_vip() -> None:
     assert m.decide(S, m.ethernet(ip, 4)).events == (abi.Event.PASS_NOT_VIP,)
 
 
-def test_ipv6_extension_header_is_not_walked() -> None:
+def test_ipv6_extension_header_is_walked() -> None:
     tcp = m.l4_header(TCP, 40000, 443)
     hbh = bytes([TCP, 0]) + bytes(6)  # hop-by-hop, next header TCP
     ip = m.ip_packet(CLIENT6, VIP6, 0, hbh + tcp)
-    assert m.decide(S, m.ethernet(ip, 6)).events == (abi.Event.PASS_NOT_VIP,)
+    d = m.decide(S, m.ethernet(ip, 6))
+    assert d.outcome is m.Outcome.FORWARD and d.flow == flow(VIP6, 443)
 
 
-# --- 4. IPv4 fragments ---------------------------------------------------------------
+# --- 4. IPv4 fragments (more in test_model_icmp.py) -----------------------------------
 
 
 def fragment(dst: abi.IPAddress, frag: int, dport: int = 80) -> bytes:
@@ -213,11 +214,11 @@ def fragment(dst: abi.IPAddress, frag: int, dport: int = 80) -> bytes:
 
 
 @pytest.mark.parametrize("frag", [0x2000, 0x0001, 0x2010, 0x1FFF])
-def test_fragment_of_a_vip_address_drops(frag: int) -> None:
+def test_fragment_of_a_vip_address_goes_to_its_fragment_vip(frag: int) -> None:
     d = m.decide(S, fragment(VIP4, frag))
-    assert (d.outcome, d.drop, d.events) == (m.Outcome.DROP, abi.DropReason.FRAGMENT, ())
-    # Any port: the address is a VIP's, the port may not even be in this fragment.
-    assert m.decide(S, fragment(VIP4, frag, dport=9)).drop is abi.DropReason.FRAGMENT
+    assert (d.outcome, d.events) == (m.Outcome.FORWARD, (abi.Event.FRAGMENT,))
+    # Any port: the port may not even be in this fragment; VIP4's only TCP VIP takes it.
+    assert m.decide(S, fragment(VIP4, frag, dport=9)).backend_id == d.backend_id
 
 
 def test_fragment_elsewhere_passes() -> None:

@@ -10,6 +10,7 @@ import pytest
 
 from xdplb import abi
 from xdplb.config import Config, parse_config
+from xdplb.errors import ConfigError
 from xdplb.planner import (
     BeamerMemory,
     DeleteBackend,
@@ -28,7 +29,7 @@ from xdplb.planner import (
     plan,
     vip_key,
 )
-from xdplb.state import Vip
+from xdplb.state import Vip, VipAddrInfo, fragment_vip
 
 pytestmark = pytest.mark.unit
 
@@ -89,7 +90,7 @@ def test_first_plan_builds_everything() -> None:
     assert len(table) == 1009
     assert set(table.counts()) == set(snap.backends)
     assert table.rest is None, "Maglev tables have no later hops"
-    assert snap.vip_addrs == {ip("198.18.100.1"): 1}
+    assert snap.vip_addrs == {ip("198.18.100.1"): VipAddrInfo(1, frag_tcp=80)}
 
 
 def test_identities_survive_replanning_and_restarts() -> None:
@@ -142,7 +143,7 @@ def test_removing_everything_deletes_in_safe_order() -> None:
         ]
     )
     _, snap = converge(cfg, Snapshot())
-    assert snap.vip_addrs == {ip("198.18.100.1"): 2}
+    assert snap.vip_addrs == {ip("198.18.100.1"): VipAddrInfo(2, frag_tcp=80, frag_udp=53)}
     ops, empty = converge(config([]), snap)
     check_safe_order(snap, ops)
     kinds = [type(o) for o in ops]
@@ -281,3 +282,96 @@ def test_a_weightless_first_hop_leaves_its_beamer_buckets_at_once() -> None:
     # A weight change of live backends still waits for its interval.
     cfg3 = config([beamer_vip(("198.18.0.11", 3), "198.18.0.12", "198.18.0.13", **slow)])
     assert not [o for o in plan(cfg3, snap, now=101.0, memory=memory) if isinstance(o, PutTable)]
+
+
+# --- lb_vip_addrs: which VIP gets an address's fragments, echo -------------------------
+
+
+def addr_info(vips: list[dict[str, Any]], **kw: Any) -> VipAddrInfo:
+    _, snap = converge(config(vips, **kw), Snapshot())
+    (info,) = snap.vip_addrs.values()
+    return info
+
+
+def test_fragments_go_to_the_port_0_vip_of_their_protocol() -> None:
+    info = addr_info(
+        [
+            vip("198.18.100.1", 80, "198.18.0.11"),
+            vip("198.18.100.1", 0, "198.18.0.11"),
+            vip("198.18.100.1", 443, "198.18.0.11"),
+            vip("198.18.100.1", 53, "198.18.0.12", protocol="udp"),
+        ]
+    )
+    assert info == VipAddrInfo(4, frag_tcp=0, frag_udp=53)
+
+
+def test_several_vips_without_a_wildcard_leave_fragments_to_none() -> None:
+    info = addr_info(
+        [vip("198.18.100.1", 80, "198.18.0.11"), vip("198.18.100.1", 443, "198.18.0.11")]
+    )
+    assert info == VipAddrInfo(2, frag_tcp=None, frag_udp=None)
+    assert info.abi_value().flags == 0
+
+
+def test_the_fragments_option_chooses_among_several() -> None:
+    info = addr_info(
+        [
+            vip("198.18.100.1", 80, "198.18.0.11"),
+            vip("198.18.100.1", 0, "198.18.0.11"),
+            vip("198.18.100.1", 443, "198.18.0.11", fragments=True),
+        ]
+    )
+    assert info.frag_tcp == 443
+    raw = info.abi_value()
+    assert raw.flags == abi.VIP_ADDR_F_FRAG_TCP and raw.frag_port[0] == 443 >> 8 | (443 & 255) << 8
+    assert VipAddrInfo.from_abi(raw) == info
+
+
+def test_two_vips_asking_for_the_same_fragments_is_refused() -> None:
+    with pytest.raises(ConfigError, match="both ask for the fragments"):
+        config(
+            [
+                vip("198.18.100.1", 80, "198.18.0.11", fragments=True),
+                vip("198.18.100.1", 443, "198.18.0.11", fragments=True),
+            ]
+        )
+
+
+def test_icmp_echo_on_one_vip_applies_to_its_address() -> None:
+    info = addr_info(
+        [
+            vip("198.18.100.1", 80, "198.18.0.11"),
+            vip("198.18.100.1", 53, "198.18.0.11", protocol="udp", icmp_echo=True),
+        ]
+    )
+    assert info.echo and info.abi_value().flags & abi.VIP_ADDR_F_ECHO
+
+
+def test_changing_the_fragment_vip_rewrites_the_address() -> None:
+    cfg = config([vip("198.18.100.1", 80, "198.18.0.11")])
+    _, snap = converge(cfg, Snapshot())
+    cfg2 = config([vip("198.18.100.1", 80, "198.18.0.11"), vip("198.18.100.1", 0, "198.18.0.11")])
+    ops = plan(cfg2, snap)
+    puts = [op for op in ops if isinstance(op, PutVipAddr)]
+    assert puts == [PutVipAddr(ip("198.18.100.1"), VipAddrInfo(2, frag_tcp=0))]
+    # The address names the new wildcard only after it is in lb_vips.
+    assert ops.index(puts[0]) > max(i for i, op in enumerate(ops) if isinstance(op, PutVip))
+
+
+def test_fragment_vip_rule() -> None:
+    a = ip("198.18.100.1")
+    v80, v0, v443 = Vip(a, 80, 6), Vip(a, 0, 6), Vip(a, 443, 6)
+    assert fragment_vip([v80]) == v80
+    assert fragment_vip([v80, v0, v443]) == v0
+    assert fragment_vip([v80, v443]) is None
+    assert fragment_vip([v80, v443], chosen=[v443]) == v443
+    assert fragment_vip([]) is None
+
+
+def test_icmp_too_big_sets_the_ptb_flag() -> None:
+    cfg = config(
+        [vip("198.18.100.1", 80, "198.18.0.11")],
+        tunnel={"source_v4": "198.18.0.2", "icmp_too_big": True},
+    )
+    _, snap = converge(cfg, Snapshot())
+    assert snap.config.flags & abi.CFG_F_PTB

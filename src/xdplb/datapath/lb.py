@@ -35,7 +35,15 @@ from xdplb.planner import (
     PutVipAddr,
     SetConfig,
 )
-from xdplb.state import BackendState, LbConfig, LookupTable, Snapshot, Vip, VipParams
+from xdplb.state import (
+    BackendState,
+    LbConfig,
+    LookupTable,
+    Snapshot,
+    Vip,
+    VipAddrInfo,
+    VipParams,
+)
 
 IPAddress = ipaddress.IPv4Address | ipaddress.IPv6Address
 
@@ -133,7 +141,8 @@ class LbMaps:
             del self._tables[map_id]
         for k, v in self["lb_vip_addrs"].items():
             a = abi.Addr.from_buffer_copy(k)
-            snap.vip_addrs[abi.words_addr(a.addr, a.family)] = _U32.unpack(v)[0]
+            info = abi.VipAddrInfo.from_buffer_copy(v)
+            snap.vip_addrs[abi.words_addr(a.addr, a.family)] = VipAddrInfo.from_abi(info)
         raw_cfg = self["lb_config"].lookup(_u32(0))
         if raw_cfg is not None:
             snap.config = LbConfig.from_abi(abi.Config.from_buffer_copy(raw_cfg))
@@ -232,8 +241,8 @@ class LbMaps:
                 # a no-op), and a table no VIP names any more has no kind to go by.
                 for name in TABLE_MAPS.values():
                     self[name].delete(_u32(vip_id))
-            case PutVipAddr(addr, n):
-                self["lb_vip_addrs"].update(abi.Addr.make(addr).pack(), _u32(n))
+            case PutVipAddr(addr, info):
+                self["lb_vip_addrs"].update(abi.Addr.make(addr).pack(), info.abi_value().pack())
             case DeleteVipAddr(addr):
                 self["lb_vip_addrs"].delete(abi.Addr.make(addr).pack())
             case PutVip(vip, params):
