@@ -27,7 +27,7 @@ import enum
 import ipaddress
 import struct
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from functools import cached_property
 
 import numpy as np
@@ -157,6 +157,9 @@ class DataplaneState:
     #: ``lb_vip_addrs``; None means "the addresses of ``vips``", which is what the
     #: control plane keeps it at.  Give it explicitly to model a map out of step.
     vip_addrs: frozenset[IPAddress] | None = None
+    #: ``lb_backends``' max_entries (``limits.backends``): an id at or beyond it has no
+    #: slot, as ``bpf_map_lookup_elem`` on an array finds none.
+    max_backends: int = abi.MAX_BACKENDS
 
     # Indexes by raw bytes, built once: decide() runs per packet, hundreds of
     # thousands of times in the tests.  cached_property writes to __dict__, which
@@ -172,7 +175,7 @@ class DataplaneState:
 
     def backend_usable(self, backend_id: int) -> bool:
         """A backend the program may send to: id ≠ 0, in range, slot active."""
-        if backend_id == 0 or backend_id >= abi.MAX_BACKENDS:
+        if backend_id == 0 or backend_id >= self.max_backends:
             return False
         slot = self.backends.get(backend_id)
         return slot is not None and slot.active
@@ -567,9 +570,7 @@ def apply(state: DataplaneState, decision: Decision) -> DataplaneState:
     key, entry = decision.conn_insert
     conns = dict(state.conns)
     conns[key] = entry
-    return DataplaneState(
-        state.vips, state.backends, state.tables, state.config, conns, state.vip_addrs
-    )
+    return replace(state, conns=conns)
 
 
 # ---------------------------------------------------------------------------
