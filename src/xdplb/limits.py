@@ -45,6 +45,7 @@ SIZED_MAPS: dict[str, SizedMap] = {
         SizedMap("lb_vip_stats", "vips"),
         SizedMap("lb_backends", "backends"),
         SizedMap("lb_be_stats", "backends"),
+        SizedMap("lb_nexthops", "backends"),  # lb_xdp's per-CPU next-hop cache, not pinned
         SizedMap("lb_conns", "conn_table", div=abi.CONN_WAYS),
         SizedMap("hc_targets", "hc_targets"),
         SizedMap("lb_acl4", "acl_rules"),
