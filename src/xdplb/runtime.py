@@ -100,7 +100,9 @@ class Runtime:
         # Before anything changes: the maps' sizes are fixed, and what the change needs
         # on the way must fit them.
         limits.check_limits_unchanged(self.running.limits, cfg.limits)
-        planner.check_capacity(cfg, self.dp.snapshot())
+        # Nothing below writes lb_xdp's maps before the plan: one snapshot serves both.
+        snap = self.dp.snapshot()
+        planner.check_capacity(cfg, snap)
         for i, ifname in enumerate(cfg.interfaces):
             try:
                 socket.if_nametoindex(ifname)
@@ -131,7 +133,6 @@ class Runtime:
         self.last_live, self.all_down = eff.last_live, eff.all_down
         wanted = eff.config
         now = time.monotonic()
-        snap = self.dp.snapshot()
         ops = planner.plan(wanted, snap, now=now, memory=self.memory)
         t0 = time.perf_counter()
         self.dp.apply(ops)

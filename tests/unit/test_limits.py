@@ -261,3 +261,14 @@ def test_map_fill_levels_are_gauges() -> None:
         ("xdplb_map_max_entries", "lb_conns"): 1024,
         ("xdplb_map_max_entries", "lb_vips"): 16,
     }
+
+
+def test_the_model_takes_the_backend_slots_from_its_state() -> None:
+    """An id at or beyond lb_backends' size has no slot (the array lookup finds none),
+    whatever the backends mapping says: the model follows ``max_backends``."""
+    from xdplb import model as m
+
+    be = BackendState(ipaddress.ip_address("198.18.0.11"))
+    s = m.DataplaneState({}, {1: be, 20: be}, {}, desired_config(Config()), max_backends=16)
+    assert s.backend_usable(1) and not s.backend_usable(20) and not s.backend_usable(0)
+    assert m.DataplaneState({}, {20: be}, {}, s.config).backend_usable(20)  # default 4096
