@@ -61,7 +61,7 @@ int lb_xdp(struct xdp_md *ctx)
 	 * that has left the table since: down, drained, reweighted).
 	 */
 	fhash = xdplb_flow_hash((const __u32 *)&pkt.flow, cfg->hash_seed);
-	if (lb_is_syn(&pkt) || !lb_conn_lookup(&pkt, fhash, &tgt)) {
+	if (lb_is_syn(&pkt) || !lb_conn_lookup(&pkt, cfg, fhash, &tgt)) {
 		rc = lb_table_lookup(&pkt, vip, cfg, fhash, &tgt);
 		if (rc >= 0)
 			return rc;

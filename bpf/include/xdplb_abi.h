@@ -14,6 +14,7 @@
 #include <linux/types.h>
 #include <linux/bpf.h>	/* struct bpf_spin_lock */
 
+/* Default map sizes; the loader sets the configured ones (config limits:). */
 #define XDPLB_MAX_VIPS		512
 #define XDPLB_MAX_BACKENDS	4096
 #define XDPLB_MAX_HOPS		4	/* first hop + three previous owners (Beamer) */
@@ -87,9 +88,10 @@ struct xdplb_flow_key {
 };
 
 /*
- * The connection table lb_conns is set-associative: an ARRAY of
- * XDPLB_CONN_SETS sets, the set of a flow being
- * xdplb_flow_hash(key, hash_seed) & (XDPLB_CONN_SETS - 1), each holding
+ * The connection table lb_conns is set-associative: an ARRAY of sets
+ * (XDPLB_CONN_SETS by default; the loader sets the configured number, a power
+ * of 2), the set of a flow being xdplb_flow_hash(key, hash_seed) &
+ * xdplb_config.conn_mask, each holding
  * XDPLB_CONN_WAYS flows.  Everything a lookup miss reads is in the set's first
  * 64 bytes (tags, backend ids, LRU ranks); each way's key has a cache line
  * of its own.  Writers hold the set's lock and make seq odd while they write

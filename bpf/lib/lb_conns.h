@@ -3,8 +3,13 @@
  * The connection table (steps 8 and 9 of docs/datapath.md): a set-associative
  * cache in the ARRAY lb_conns, struct xdplb_conn_set in xdplb_abi.h.
  *
- * A flow lives in set xdplb_flow_hash(key, hash_seed) & (SETS - 1), in one
- * of its XDPLB_CONN_WAYS ways, tagged with that hash.  Replacement is exact
+ * A flow lives in set xdplb_flow_hash(key, hash_seed) & lb_config.conn_mask,
+ * in one of its XDPLB_CONN_WAYS ways, tagged with that hash.  The number of
+ * sets is lb_conns' max_entries, set by the loader from the configuration
+ * (limits.conn_table), and conn_mask is that number - 1 (a power of 2): user
+ * space checks mask + 1 <= max_entries before it writes lb_config, and a set
+ * index beyond the map would only make the lookup below fail (no entry: every
+ * flow is new), never read outside it.  Replacement is exact
  * LRU within the set: the matching way (an update), else an empty way, else
  * the way of highest rank.
  *
@@ -71,9 +76,9 @@ static __always_inline __u64 *lb_conn_seqword(struct xdplb_conn_set *s)
 	return (__u64 *)&s->seq;
 }
 
-static __always_inline struct xdplb_conn_set *lb_conn_set(__u32 fhash)
+static __always_inline struct xdplb_conn_set *lb_conn_set(__u32 fhash, __u32 mask)
 {
-	__u32 idx = fhash & (XDPLB_CONN_SETS - 1);
+	__u32 idx = fhash & mask;
 
 	return bpf_map_lookup_elem(&lb_conns, &idx);
 }
@@ -117,11 +122,15 @@ static __always_inline void lb_conn_touch(struct xdplb_conn_set *s, __u32 w, __u
 	s->rank[w & (LB_WAYS - 1)] = 0;
 }
 
-/* Step 8's read: 1 and the entry if the flow is in the table (and refresh it). */
-static __always_inline int lb_conn_get(__u32 fhash, const struct xdplb_flow_key *key,
+/*
+ * Step 8's read: 1 and the entry if the flow is in the table (and refresh it).
+ * mask: lb_config's conn_mask.
+ */
+static __always_inline int lb_conn_get(__u32 fhash, __u32 mask,
+				       const struct xdplb_flow_key *key,
 				       __u32 *backend_id, __u32 *hash)
 {
-	struct xdplb_conn_set *s = lb_conn_set(fhash);
+	struct xdplb_conn_set *s = lb_conn_set(fhash, mask);
 	__u32 seq, w;
 
 	if (!s)
@@ -146,10 +155,11 @@ static __always_inline int lb_conn_get(__u32 fhash, const struct xdplb_flow_key 
 }
 
 /* Step 9's write: record (or replace) the flow, evicting the set's LRU way if full. */
-static __always_inline void lb_conn_put(__u32 fhash, const struct xdplb_flow_key *key,
+static __always_inline void lb_conn_put(__u32 fhash, __u32 mask,
+					const struct xdplb_flow_key *key,
 					__u32 backend_id, __u32 hash)
 {
-	struct xdplb_conn_set *s = lb_conn_set(fhash);
+	struct xdplb_conn_set *s = lb_conn_set(fhash, mask);
 	__u8 r = LB_WAYS - 1;
 	__u64 *sw, v;
 	__u32 w;

@@ -242,7 +242,7 @@ static __always_inline int lb_icmp_frag(struct xdp_md *ctx, struct lb_pkt *pkt,
 		return lb_drop(XDPLB_DROP_NO_CONFIG);
 	/* The flow's own packets: connection table, then the VIP's table; nothing recorded. */
 	fhash = xdplb_flow_hash((const __u32 *)&pkt->flow, (*cfgp)->hash_seed);
-	if (ev == XDPLB_EV_FRAGMENT || !lb_conn_lookup(pkt, fhash, tgt)) {
+	if (ev == XDPLB_EV_FRAGMENT || !lb_conn_lookup(pkt, *cfgp, fhash, tgt)) {
 		rc = lb_table_pick(pkt, *vipp, *cfgp, fhash, tgt);
 		if (rc >= 0)
 			return rc;

@@ -3,6 +3,8 @@
  * The maps of lb_xdp, exactly as in docs/datapath.md.  All are pinned by
  * name, so a restarted control plane finds them (and the connection table's
  * contents) under its pin root.  Names stay <= 15 characters (BPF_OBJ_NAME_LEN).
+ * The max_entries below are defaults: the loader sets the configured sizes
+ * (config "limits:", src/xdplb/limits.py) by map name before creating them.
  */
 #ifndef XDPLB_LIB_LB_MAPS_H
 #define XDPLB_LIB_LB_MAPS_H

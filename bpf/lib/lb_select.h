@@ -124,15 +124,17 @@ static __always_inline int lb_is_syn(const struct lb_pkt *pkt)
 }
 
 /*
- * Step 8.  fhash is xdplb_flow_hash(&pkt->flow, seed): the set and the tag.
+ * Step 8.  fhash is xdplb_flow_hash(&pkt->flow, seed): the set (with
+ * cfg->conn_mask) and the tag.
  * Returns 1 on a usable hit (tgt filled in), 0 otherwise.
  */
-static __always_inline int lb_conn_lookup(const struct lb_pkt *pkt, __u32 fhash,
+static __always_inline int lb_conn_lookup(const struct lb_pkt *pkt,
+					  const struct xdplb_config *cfg, __u32 fhash,
 					  struct lb_target *tgt)
 {
 	__u32 be_id = 0, hash = 0;
 
-	if (!lb_conn_get(fhash, &pkt->flow, &be_id, &hash))
+	if (!lb_conn_get(fhash, cfg->conn_mask, &pkt->flow, &be_id, &hash))
 		return 0;
 	tgt->be = lb_backend(be_id);
 	if (!tgt->be) {
@@ -274,7 +276,7 @@ static __always_inline int lb_table_lookup(const struct lb_pkt *pkt,
 
 	/* Best effort: a full set evicts its least recently used way. */
 	if (!lb_under_flood())
-		lb_conn_put(fhash, &pkt->flow, tgt->be_id, tgt->hash);
+		lb_conn_put(fhash, cfg->conn_mask, &pkt->flow, tgt->be_id, tgt->hash);
 	else
 		lb_count_event(XDPLB_EV_CONN_FLOOD);
 	lb_count_event(XDPLB_EV_CONN_MISS);

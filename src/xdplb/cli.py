@@ -32,7 +32,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from xdplb import abi, paths
+from xdplb import abi, limits, paths
 from xdplb.client import (
     ApiError,
     Client,
@@ -218,6 +218,15 @@ def _status_data(name: str) -> dict[str, Any]:
             "drops": {r.name.lower(): n for r, n in counters.drops.items()},
             "events": {e.name.lower(): n for e, n in counters.events.items()},
             "connections": counters.conns,
+            "maps": [
+                {
+                    "name": f.name,
+                    "config_key": limits.config_key(f.name),
+                    "entries": f.entries,
+                    "max_entries": f.max_entries,
+                }
+                for f in maps.fill(snap, conns_used=counters.conns)
+            ],
         }
     finally:
         maps.close()
@@ -298,6 +307,8 @@ def status(
             str(b["new_flows"]),
         )
     console.print(bt)
+    for line in _map_lines(data["maps"]):
+        typer.echo(line)
     ct = Table(title="Events and drops")
     ct.add_column("counter")
     ct.add_column("value", justify="right")
@@ -403,6 +414,19 @@ def _vip_lines(vips: list[VipStatus], counters: bool) -> Iterator[str]:
             yield line
 
 
+def _map_lines(maps: list[dict[str, Any]]) -> Iterator[str]:
+    """One line per sized map: entries of max, the fill, the field that sizes it."""
+    if maps:
+        yield "maps (entries of max, fill, sized by):"
+    for m in maps:
+        fill = m["entries"] / m["max_entries"] if m["max_entries"] else 0.0
+        approx = "~" if m.get("estimated") else ""
+        yield (
+            f"  {m['name']:<13} {approx}{m['entries']} of {m['max_entries']}  "
+            f"{fill:.1%}  {m['config_key']}"
+        )
+
+
 def _print_status(st: Status) -> None:
     mins, secs = divmod(int(st.uptime), 60)
     typer.echo(
@@ -416,6 +440,8 @@ def _print_status(st: Status) -> None:
         f"{st.rebuilds} rebuilds{last}; {st.health_checks} health checks"
     )
     for line in _vip_lines(st.vips, counters=True):
+        typer.echo(line)
+    for line in _map_lines([m.model_dump() for m in st.maps]):
         typer.echo(line)
     typer.echo("events: " + ("  ".join(f"{k} {n}" for k, n in st.events.items()) or "none"))
     typer.echo("drops: " + ("  ".join(f"{k} {n}" for k, n in st.drops.items()) or "none"))

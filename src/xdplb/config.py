@@ -285,6 +285,69 @@ class TunnelConfig(_Model):
     client must use, instead of being dropped silently."""
 
 
+#: Bounds of each ``limits`` field: below, nothing useful fits; above, one map would
+#: take gigabytes of kernel memory (docs/operations.md, "Limits and memory").
+LIMIT_BOUNDS: dict[str, tuple[int, int]] = {
+    "vips": (1, 65536),
+    "backends": (2, 1 << 20),
+    "conn_table": (64, 1 << 26),
+    "hc_targets": (1, 0xFFFF),
+    "acl_rules": (1, 1 << 20),
+    "rate_limit_sources": (1, 1 << 24),
+}
+
+
+class LimitsConfig(_Model):
+    """Sizes of lb_xdp's and hc_tc's maps, fixed when the maps are created: changing one
+    needs a fresh start (``xdplb stop``, which drops the connection table). Which maps
+    each field sizes, what a full map does and the kernel memory each takes are in
+    docs/operations.md ("Limits and memory")."""
+
+    vips: int = abi.MAX_VIPS
+    """VIPs (``lb_tables``, ``lb_btables``, ``lb_vip_stats``, ``lb_vip_addrs``; ``lb_vips``
+    has twice as many entries, for a plan that replaces every VIP). A VIP whose table
+    changes size or kind moves to a free VIP id, so leave room."""
+    backends: int = abi.MAX_BACKENDS
+    """Backend slots (``lb_backends``, ``lb_be_stats``); slot 0 is never a backend, so at
+    most ``backends - 1`` distinct backend addresses, Beamer later hops included."""
+    conn_table: int = abi.CONN_ENTRIES
+    """Connections the connection table holds (``lb_conns``): a power of 2, in sets of
+    4 (validated, not rounded)."""
+    hc_targets: int = abi.MAX_HC_TARGETS
+    """Distinct tunnelled health-check targets (``hc_targets``): (backend, encapsulation,
+    hash) triples."""
+    acl_rules: int = 16384
+    """Prefixes of the source ACLs, per family (``lb_acl4``, ``lb_acl6``)."""
+    rate_limit_sources: int = 65536
+    """Source prefixes the new-flow rate limit tracks at once (``lb_rate``, LRU)."""
+
+    @model_validator(mode="after")
+    def _check(self) -> LimitsConfig:
+        for name, (lo, hi) in LIMIT_BOUNDS.items():
+            v = getattr(self, name)
+            if not lo <= v <= hi:
+                raise _FieldError(name, f"must be between {lo} and {hi}, got {v}")
+        n = self.conn_table
+        if n & (n - 1):
+            lower = 1 << (n.bit_length() - 1)
+            raise _FieldError(
+                "conn_table",
+                f"must be a power of 2 (sets of {abi.CONN_WAYS} ways, a power-of-2 number of "
+                f"sets), got {n}: {lower} or {lower * 2}?",
+            )
+        return self
+
+    @property
+    def conn_sets(self) -> int:
+        """Sets of the connection table."""
+        return self.conn_table // abi.CONN_WAYS
+
+    @property
+    def conn_mask(self) -> int:
+        """``lb_config.conn_mask``: a flow's set is its hash AND this."""
+        return self.conn_sets - 1
+
+
 class Config(_Model):
     """The whole desired state of one LB instance."""
 
@@ -304,6 +367,8 @@ class Config(_Model):
     """Reports from the backends' agents; absent: none are received."""
     load_feedback: LoadFeedbackConfig | None = None
     """Load-aware weights; absent: weights are exactly those configured."""
+    limits: LimitsConfig = Field(default_factory=LimitsConfig)
+    """Map sizes (fixed while the instance's maps exist)."""
     vips: list[VipConfig] = Field(default_factory=list)
 
     @field_validator("table_size")
@@ -325,8 +390,6 @@ class Config(_Model):
     @field_validator("vips")
     @classmethod
     def _vips(cls, v: list[VipConfig]) -> list[VipConfig]:
-        if len(v) > abi.MAX_VIPS:
-            raise ValueError(f"at most {abi.MAX_VIPS} VIPs, got {len(v)}")
         seen: set[tuple[IPAddress, int, Protocol]] = set()
         frag: dict[tuple[IPAddress, Protocol], str] = {}
         for vip in v:
@@ -363,10 +426,30 @@ class Config(_Model):
                 raise _FieldError(
                     f"vips[{i}].load_feedback", "needs the top-level load_feedback section"
                 )
-        n = len(self.backend_addresses())
-        if n >= abi.MAX_BACKENDS:
-            raise _FieldError("vips", f"at most {abi.MAX_BACKENDS - 1} distinct backends, got {n}")
+        self._check_limits()
         return self
+
+    def _check_limits(self) -> None:
+        """What the configuration needs fits the maps ``limits`` sizes (the planner checks
+        the transient needs of a change against what the maps hold, planner.check_capacity)."""
+        lim = self.limits
+        if len(self.vips) > lim.vips:
+            raise _FieldError(
+                "limits.vips", f"{len(self.vips)} VIPs configured, the limit is {lim.vips}"
+            )
+        n = len(self.backend_addresses())
+        if n > lim.backends - 1:
+            raise _FieldError(
+                "limits.backends",
+                f"{n} distinct backends configured, at most {lim.backends - 1} fit "
+                f"(slot 0 is never a backend)",
+            )
+        n = len(tunnelled_hc_targets(self))
+        if n > lim.hc_targets:
+            raise _FieldError(
+                "limits.hc_targets",
+                f"{n} tunnelled health-check targets configured, the limit is {lim.hc_targets}",
+            )
 
     def backend_addresses(self) -> set[IPAddress]:
         return {b.address for vip in self.vips for b in vip.backends}
@@ -375,6 +458,18 @@ class Config(_Model):
         if vip.table_size is not None:
             return vip.table_size
         return self.table_size if vip.table is TableKindName.MAGLEV else BEAMER_DEFAULT_SIZE
+
+
+def tunnelled_hc_targets(cfg: Config) -> set[tuple[IPAddress, EncapKind, HashFields]]:
+    """The distinct (backend, encapsulation, hash) triples health checks go through the
+    tunnel to: one ``hc_targets`` entry each (xdplb.health.targets)."""
+    out = set()
+    for vip in cfg.vips:
+        for b in vip.backends:
+            check = b.health or vip.health
+            if check is not None and check.via == "tunnel" and check.checker.kind != "command":
+                out.add((b.address, vip.encap, vip.hash))
+    return out
 
 
 class _FieldError(ValueError):

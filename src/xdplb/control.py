@@ -96,6 +96,21 @@ class ConnTableStatus(_Out):
     """Entries in use (estimated from a sample of the sets)."""
 
 
+class MapStatus(_Out):
+    """How full one BPF map is (docs/operations.md, "Limits and memory")."""
+
+    name: str
+    """The map (``lb_vips``, ``lb_conns``, ``hc_targets``, ...)."""
+    config_key: str
+    """The configuration field that sizes it (``limits.conn_table``)."""
+    entries: int
+    """Entries in use (``lb_conns``: connections; arrays by id: ids in use)."""
+    max_entries: int
+    """What the map holds (``lb_conns``: connections, sets x 4 ways)."""
+    estimated: bool = False
+    """``entries`` comes from a sample (the connection table)."""
+
+
 class Status(_Out):
     instance: str
     config_path: str
@@ -107,6 +122,8 @@ class Status(_Out):
     drops: dict[str, int]
     events: dict[str, int]
     conn_table: ConnTableStatus
+    maps: list[MapStatus] = []
+    """Fill level of every map sized by ``limits``."""
     rebuilds: int
     """Plans that changed the maps since the daemon started."""
     last_rebuild_ms: float | None

@@ -70,6 +70,21 @@ def families(st: Status) -> Iterator[Metric]:
         "Entries of the connection table in use (estimated from a sample)",
         st.conn_table.used,
     )
+    entries = GaugeMetricFamily(
+        "xdplb_map_entries",
+        "Entries in use in a BPF map (lb_conns: connections, estimated from a sample)",
+        labels=["map"],
+    )
+    max_entries = GaugeMetricFamily(
+        "xdplb_map_max_entries",
+        "Entries a BPF map holds (its size, config limits; lb_conns: connections)",
+        labels=["map"],
+    )
+    for m in st.maps:
+        entries.add_metric([m.name], m.entries)
+        max_entries.add_metric([m.name], m.max_entries)
+    yield entries
+    yield max_entries
     drops = CounterMetricFamily(
         "xdplb_drops", "Packets lb_xdp dropped, by named reason", labels=["reason"]
     )

@@ -178,6 +178,9 @@ class DataplaneState:
     #: no echo).  A set of addresses means those addresses with the default infos of
     #: the VIPs on them.  Give it explicitly to model options or a map out of step.
     vip_addrs: Mapping[IPAddress, VipAddrInfo] | frozenset[IPAddress] | None = None
+    #: ``lb_backends``' max_entries (``limits.backends``): an id at or beyond it has no
+    #: slot, as ``bpf_map_lookup_elem`` on an array finds none.
+    max_backends: int = abi.MAX_BACKENDS
 
     # Indexes by raw bytes, built once: decide() runs per packet, hundreds of
     # thousands of times in the tests.  cached_property writes to __dict__, which
@@ -199,7 +202,7 @@ class DataplaneState:
 
     def backend_usable(self, backend_id: int) -> bool:
         """A backend the program may send to: id ≠ 0, in range, slot active."""
-        if backend_id == 0 or backend_id >= abi.MAX_BACKENDS:
+        if backend_id == 0 or backend_id >= self.max_backends:
             return False
         slot = self.backends.get(backend_id)
         return slot is not None and slot.active
@@ -832,9 +835,7 @@ def apply(state: DataplaneState, decision: Decision) -> DataplaneState:
     key, entry = decision.conn_insert
     conns = dict(state.conns)
     conns[key] = entry
-    return DataplaneState(
-        state.vips, state.backends, state.tables, state.config, conns, state.vip_addrs
-    )
+    return replace(state, conns=conns)
 
 
 # ---------------------------------------------------------------------------
@@ -1099,5 +1100,5 @@ def state_from_snapshot(
         snap.tables,
         snap.config,
         dict(conns or {}),
-        frozenset(snap.vip_addrs),
+        dict(snap.vip_addrs),
     )

@@ -30,6 +30,7 @@ from dataclasses import dataclass, field, replace
 
 from xdplb import abi, beamer, maglev
 from xdplb.config import Config, HashFields, TableKindName, VipConfig
+from xdplb.errors import ConfigError
 from xdplb.state import (
     BackendState,
     LbConfig,
@@ -148,6 +149,7 @@ def desired_config(cfg: Config) -> LbConfig:
         cfg.tunnel.gue_port,
         cfg.hash_seed,
         flags=flags,
+        conn_mask=cfg.limits.conn_mask,
     )
 
 
@@ -159,6 +161,50 @@ def desired_vip_addrs(cfg: Config) -> dict[IPAddress, VipAddrInfo]:
         chosen=[vip_key(v) for v in cfg.vips if v.fragments],
         echo=[v.address for v in cfg.vips if v.icmp_echo],
     )
+
+
+def check_capacity(cfg: Config, current: Snapshot) -> None:
+    """ConfigError naming the ``limits`` field unless the plan from ``current`` to ``cfg``
+    fits the maps at every step: called before anything is written.
+
+    The configuration's own counts are checked when it is validated; this adds what a
+    change needs on the way: new backend ids while the old ones are still active (and
+    Beamer later hops, which stay until no table names them), fresh VIP ids for new
+    VIPs and for VIPs whose table changes size or kind (the old id is freed at the end
+    of the plan), and ``lb_vip_addrs`` entries for new addresses before old ones go.
+    """
+    lim = cfg.limits
+    active = {b.addr for b in current.backends.values() if b.active}
+    need = len(active | cfg.backend_addresses())
+    if need > lim.backends - 1:
+        raise ConfigError(
+            "limits.backends",
+            f"this change needs {need} backend slots at once ({len(active)} active now, "
+            f"Beamer later hops included), at most {lim.backends - 1} fit",
+        )
+    used_ids = {s.vip_id for s in current.vips.values()} | set(current.tables)
+    fresh = 0
+    for vip in cfg.vips:
+        old = current.vips.get(vip_key(vip))
+        if (
+            old is None
+            or old.table_size != cfg.vip_table_size(vip)
+            or old.table_kind != vip.table.abi
+        ):
+            fresh += 1
+    if len(used_ids) + fresh > lim.vips:
+        raise ConfigError(
+            "limits.vips",
+            f"this change needs {len(used_ids) + fresh} VIP ids at once ({len(used_ids)} in "
+            f"use, {fresh} fresh for new VIPs and changed tables), the limit is {lim.vips}",
+        )
+    addrs = current.vip_addrs.keys() | {v.address for v in cfg.vips}
+    if len(addrs) > lim.vips:
+        raise ConfigError(
+            "limits.vips",
+            f"this change needs {len(addrs)} VIP addresses at once (old ones go last), "
+            f"the limit is {lim.vips}",
+        )
 
 
 @dataclass(frozen=True)
@@ -209,6 +255,7 @@ def plan(
     bucket counts as equally old and the interval as elapsed.
     """
     memory = memory or {}
+    check_capacity(cfg, current)
     ops_put: list[Op] = []
     ops_del: list[Op] = []
 
@@ -222,7 +269,7 @@ def plan(
     ids: dict[IPAddress, int] = {a: i for a, i in by_addr.items() if a in wanted}
     # Never hand out an id that is active now, even one this plan frees: tables and
     # connection entries still name it until the plan's deletions run.
-    free = iter(_lowest_free(by_addr.values(), 1, abi.MAX_BACKENDS))
+    free = iter(_lowest_free(by_addr.values(), 1, cfg.limits.backends))
     for addr in sorted(wanted - ids.keys(), key=lambda a: (a.version, a)):
         ids[addr] = next(free)
     for addr, bid in sorted(ids.items(), key=lambda kv: kv[1]):
@@ -235,7 +282,7 @@ def plan(
     # A fresh id is one no current VIP or table uses, so nothing live is overwritten
     # before the deletions at the end of the plan.
     used_ids = {s.vip_id for s in current.vips.values()} | set(current.tables)
-    fresh_ids = iter(_lowest_free(used_ids, 0, abi.MAX_VIPS))
+    fresh_ids = iter(_lowest_free(used_ids, 0, cfg.limits.vips))
     vip_puts: list[Op] = []
     live_tables: dict[int, LookupTable] = {}
     for vip in cfg.vips:

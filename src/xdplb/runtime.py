@@ -27,7 +27,7 @@ from pathlib import Path
 
 import yaml
 
-from xdplb import abi, planner
+from xdplb import abi, limits, planner
 from xdplb.config import Config, Protocol, VipConfig, XdpModeName, load_config
 from xdplb.control import (
     Admin,
@@ -36,12 +36,13 @@ from xdplb.control import (
     ConnTableStatus,
     DrainStatus,
     Health,
+    MapStatus,
     Status,
     VipRef,
     VipStatus,
 )
 from xdplb.datapath import XdpMode
-from xdplb.datapath.lb import LbDatapath
+from xdplb.datapath.lb import LbDatapath, check_pins
 from xdplb.drain import ConnectionCounts, Count, drain_done
 from xdplb.errors import ConfigError
 from xdplb.feedback import WeightFeedback
@@ -49,6 +50,7 @@ from xdplb.health import HealthMonitor
 from xdplb.health.targets import HealthTargets
 from xdplb.loadfeedback import LoadReport
 from xdplb.overlay import Member, Overlay, effective
+from xdplb.state import Snapshot
 
 log = logging.getLogger("xdplb.runtime")
 
@@ -65,7 +67,9 @@ class Runtime:
         self.instance = self.running.instance
         self.admin_path = run_dir / f"{self.instance}.admin.json"
         self.started = time.monotonic()
-        self.dp = LbDatapath(self.instance)
+        # Pinned maps of another size: refused here, naming the field, before loading.
+        check_pins(self.instance, self.running.limits)
+        self.dp = LbDatapath(self.instance, lim=self.running.limits)
         #: Beamer tables as last built, by vip id (the maps hold hops, not history).
         self.memory: dict[int, planner.BeamerMemory] = {}
         self.feedback: WeightFeedback | None = None
@@ -93,7 +97,13 @@ class Runtime:
         """Make interfaces, maps and health checks match ``cfg`` (default: the running
         configuration); returns the number of map operations."""
         cfg = cfg or self.running
-        for i, ifname in enumerate(cfg.interfaces):  # before anything changes
+        # Before anything changes: the maps' sizes are fixed, and what the change needs
+        # on the way must fit them.
+        limits.check_limits_unchanged(self.running.limits, cfg.limits)
+        # Nothing below writes lb_xdp's maps before the plan: one snapshot serves both.
+        snap = self.dp.snapshot()
+        planner.check_capacity(cfg, snap)
+        for i, ifname in enumerate(cfg.interfaces):
             try:
                 socket.if_nametoindex(ifname)
             except OSError:
@@ -123,7 +133,6 @@ class Runtime:
         self.last_live, self.all_down = eff.last_live, eff.all_down
         wanted = eff.config
         now = time.monotonic()
-        snap = self.dp.snapshot()
         ops = planner.plan(wanted, snap, now=now, memory=self.memory)
         t0 = time.perf_counter()
         self.dp.apply(ops)
@@ -200,8 +209,9 @@ class Runtime:
             raise ConfigError(
                 "instance", f"cannot change while running ({self.instance} -> {cfg.instance})"
             )
+        n = self.apply(cfg)  # a refused file changes nothing, file_config included
         self.file_config = cfg
-        return self._result(self.apply(cfg), False)
+        return self._result(n, False)
 
     def _result(self, n: int, persisted: bool) -> ChangeResult:
         return ChangeResult(
@@ -298,6 +308,29 @@ class Runtime:
 
     # -- status --------------------------------------------------------------------------
 
+    def _map_status(self, snap: Snapshot, conns: int) -> list[MapStatus]:
+        fills = self.dp.fill(snap, conns_used=conns)
+        out = [
+            MapStatus(
+                name=f.name,
+                config_key=limits.config_key(f.name),
+                entries=f.entries,
+                max_entries=f.max_entries,
+                estimated=f.name == "lb_conns",
+            )
+            for f in fills
+        ]
+        tunnel = self.targets.tunnel
+        out.append(
+            MapStatus(
+                name="hc_targets",
+                config_key=limits.config_key("hc_targets"),
+                entries=tunnel.maps["hc_targets"].count() if tunnel is not None else 0,
+                max_entries=self.running.limits.hc_targets,
+            )
+        )
+        return out
+
     def status(self) -> Status:
         snap = self.dp.snapshot()
         counters = self.dp.counters(exact_conns=False, snap=snap)
@@ -371,7 +404,8 @@ class Runtime:
             vips=vips,
             drops={r.name.lower(): n for r, n in counters.drops.items()},
             events={e.name.lower(): n for e, n in counters.events.items()},
-            conn_table=ConnTableStatus(capacity=abi.CONN_SETS * abi.CONN_WAYS, used=counters.conns),
+            conn_table=ConnTableStatus(capacity=self.dp.conns.capacity, used=counters.conns),
+            maps=self._map_status(snap, counters.conns),
             rebuilds=self.rebuilds,
             last_rebuild_ms=self.last_rebuild_ms,
             health_checks=self.health.checks_total,

@@ -165,6 +165,7 @@ class Lb:
             src4=int.from_bytes(fx.LB_SRC4.packed, "little") if src4 else 0,
             gue_port=socket.htons(fx.GUE_PORT),
             hash_seed=seed,
+            conn_mask=self.obj.map("lb_conns").max_entries - 1,
         )
         cfg.flags = flags
         if src6:

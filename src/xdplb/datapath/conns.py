@@ -1,7 +1,8 @@
 """``lb_conns`` from user space: the set-associative connection table.
 
-lb_xdp keeps flows in an ARRAY of ``abi.CONN_SETS`` sets (``struct xdplb_conn_set``), the
-set of a flow being ``flow_hash(key, hash_seed) & (CONN_SETS - 1)``, each set holding
+lb_xdp keeps flows in an ARRAY of sets (``struct xdplb_conn_set``; as many as the map's
+max_entries, ``limits.conn_table / CONN_WAYS``, ``abi.CONN_SETS`` by default), the set of a
+flow being ``flow_hash(key, hash_seed) & conn_mask`` (``lb_config``; sets - 1), each holding
 ``abi.CONN_WAYS`` flows with an LRU rank per way (``bpf/lib/lb_conns.h``). This module
 turns that into what the rest of the code wants, a mapping of flow key bytes ->
 (backend id, hash), and writes entries the way lb_xdp does.
@@ -28,6 +29,7 @@ from xdplb import abi, hashing
 from xdplb.datapath.maps import BPF_F_LOCK, Map
 
 WAYS = abi.CONN_WAYS
+#: Sets of a connection table of the default size.
 SETS = abi.CONN_SETS
 SET_SIZE = ctypes.sizeof(abi.ConnSet)
 _KEY = hashing.FLOW_KEY_SIZE
@@ -61,18 +63,38 @@ class TornRead(RuntimeError):
     """A set of ``lb_conns`` kept changing under every copy of it."""
 
 
-def set_index(key: bytes, seed: int) -> int:
-    """The set of a flow key (40 bytes) under ``hash_seed`` ``seed``."""
-    return hashing.flow_hash(key, seed) & (SETS - 1)
+def set_index(key: bytes, seed: int, sets: int = SETS) -> int:
+    """The set of a flow key (40 bytes) under ``hash_seed`` ``seed`` in a table of
+    ``sets`` sets (a power of 2)."""
+    return hashing.flow_hash(key, seed) & (sets - 1)
+
+
+def check_mask(mask: int, sets: int) -> None:
+    """ValueError unless ``mask`` (``lb_config.conn_mask``) picks sets of a table of
+    ``sets`` sets only, and all of them: ``mask + 1`` a power of 2, at most ``sets``."""
+    n = mask + 1
+    if mask < 0 or n & (n - 1) or n > sets:
+        raise ValueError(
+            f"conn_mask {mask:#x} does not fit lb_conns' {sets} sets (mask + 1 must be a "
+            f"power of 2 no larger than the set count)"
+        )
 
 
 class ConnTable:
-    """The ``lb_conns`` map of an instance."""
+    """The ``lb_conns`` map of an instance (of any power-of-2 number of sets)."""
 
     def __init__(self, m: Map) -> None:
-        if m.value_size != SET_SIZE or m.max_entries != SETS:
-            raise ValueError(f"{m!r} is not a connection table of {SETS} sets of {SET_SIZE} bytes")
+        sets = m.max_entries
+        if m.value_size != SET_SIZE or sets < 1 or sets & (sets - 1):
+            raise ValueError(
+                f"{m!r} is not a connection table (a power of 2 of sets of {SET_SIZE} bytes)"
+            )
         self.map = m
+        #: Sets, and connections it holds.
+        self.sets_count = sets
+        self.capacity = sets * WAYS
+        #: ``lb_config.conn_mask`` for this table.
+        self.mask = sets - 1
 
     def sets(self) -> npt.NDArray[np.void]:
         """Every set, as records of :data:`SET_DTYPE`, each one consistent (seq-validated)."""
@@ -89,10 +111,10 @@ class ConnTable:
     def estimate_count(self, samples: int = 2048) -> int:
         """Entries in the table, estimated from ``samples`` sets spread evenly over it:
         a few milliseconds instead of reading all of it (for status and metrics)."""
-        step = max(1, SETS // samples)
+        step = max(1, self.sets_count // samples)
         used = sum(
             int(np.count_nonzero(np.frombuffer(self._read_raw(i), dtype=SET_DTYPE)["backend_id"]))
-            for i in range(0, SETS, step)
+            for i in range(0, self.sets_count, step)
         )
         return used * step
 
@@ -127,7 +149,7 @@ class ConnTable:
 
     def get(self, key: bytes, seed: int) -> tuple[int, int] | None:
         """(backend id, hash) of a flow, or None; does not refresh it (lb_xdp does)."""
-        st = self._read(set_index(key, seed))
+        st = self._read(set_index(key, seed, self.sets_count))
         w = _find(st, key, hashing.flow_hash(key, seed))
         return None if w is None else (st.backend_id[w], st.hash[w])
 
@@ -135,7 +157,7 @@ class ConnTable:
         """Record a flow as lb_xdp would (replace, else an empty way, else evict the LRU)."""
         if not backend_id:
             raise ValueError("backend id 0 marks an empty way")
-        idx = set_index(key, seed)
+        idx = set_index(key, seed, self.sets_count)
         fhash = hashing.flow_hash(key, seed)
         st = self._read(idx)
         w = _find(st, key, fhash)
@@ -159,7 +181,7 @@ class ConnTable:
     def flush(self) -> int:
         """Empty the table (each set zeroed under its lock); returns the entries it held."""
         n = self.count()
-        self.map.update_array(bytes(SETS * SET_SIZE), BPF_F_LOCK)
+        self.map.update_array(bytes(self.sets_count * SET_SIZE), BPF_F_LOCK)
         return n
 
 

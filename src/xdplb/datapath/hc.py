@@ -67,7 +67,7 @@ from typing import Any, NamedTuple
 from xdplb import abi, paths
 from xdplb.datapath.links import tc_attach
 from xdplb.datapath.maps import Map
-from xdplb.datapath.objects import BpfObject
+from xdplb.datapath.objects import BpfObject, PinnedSizeError
 from xdplb.errors import XdplbError
 
 IPAddress = ipaddress.IPv4Address | ipaddress.IPv6Address
@@ -282,6 +282,7 @@ class HealthTunnel:
         gue_port: int,
         *,
         hash_seed: int = 0,
+        max_targets: int = abi.MAX_HC_TARGETS,
     ) -> None:
         """``source_v4`` / ``source_v6`` and ``gue_port`` mean what they mean in lb_xdp's
         configuration (outer sources, GUE destination port), and so does ``hash_seed``
@@ -305,7 +306,20 @@ class HealthTunnel:
             _ensure_rules(ipr, self.table)
         self.pin_dir.mkdir(parents=True, exist_ok=True)
         os.chmod(self.pin_dir.parent, 0o700)  # pins are root's business only
-        self.obj = BpfObject.load(paths.bpf_object("hc_tc"), pin_root=self.pin_dir)
+        #: hc_targets' size (config ``limits.hc_targets``).
+        self.max_targets = max_targets
+        try:
+            self.obj = BpfObject.load(
+                paths.bpf_object("hc_tc"),
+                pin_root=self.pin_dir,
+                max_entries={"hc_targets": max_targets},
+            )
+        except PinnedSizeError as e:
+            name, pinned, wanted = e.mismatches[0]
+            raise HealthTunnelError(
+                f"pinned {name} has {pinned} entries, {wanted} asked for "
+                f"(limits.hc_targets); `xdplb stop` removes the pins"
+            ) from None
         try:
             self.maps = {n: self.obj.map(n) for n in MAP_NAMES}
             cfg = _hc_config(source_v4, source_v6, gue_port, hash_seed)
@@ -326,8 +340,8 @@ class HealthTunnel:
     def set_targets(self, targets: Mapping[int, tuple[IPAddress, abi.Encap] | HcTarget]) -> None:
         """Exactly ``targets`` (mark -> (backend, encapsulation)): new and changed ones are
         written first, then stale ones deleted, so an unchanged mark never misses."""
-        if len(targets) > abi.MAX_HC_TARGETS:
-            raise ValueError(f"at most {abi.MAX_HC_TARGETS} targets, not {len(targets)}")
+        if len(targets) > self.max_targets:
+            raise ValueError(f"at most {self.max_targets} targets, not {len(targets)}")
         wanted: dict[bytes, bytes] = {}
         for mark, target in targets.items():
             _check_mark(mark)

@@ -17,11 +17,12 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
-from xdplb import abi, paths
-from xdplb.datapath.conns import ConnTable
+from xdplb import abi, limits, paths
+from xdplb.config import LimitsConfig
+from xdplb.datapath.conns import ConnTable, check_mask
 from xdplb.datapath.links import Link, XdpMode, attach_xdp
 from xdplb.datapath.maps import BPF_F_INNER_MAP, Map, MapType
-from xdplb.datapath.objects import BpfObject
+from xdplb.datapath.objects import BpfObject, PinnedSizeError
 from xdplb.datapath.programs import Program
 from xdplb.planner import (
     DeleteBackend,
@@ -80,6 +81,41 @@ class Counters:
     conns: int  # entries in the connection table
 
 
+@dataclass(frozen=True)
+class MapFill:
+    """How full one map is: ``entries`` of ``max_entries`` (``lb_conns``: connections,
+    sets x ways; ``estimated`` when counted from a sample)."""
+
+    name: str
+    entries: int
+    max_entries: int
+    estimated: bool = False
+
+
+def pinned_sizes(pin_dir: Path) -> dict[str, int]:
+    """max_entries of every map pinned directly under ``pin_dir`` whose name has a
+    configured size (:data:`xdplb.limits.SIZED_MAPS`)."""
+    out = {}
+    for name in limits.SIZED_MAPS:
+        path = pin_dir / name
+        if path.exists():
+            with Map.from_pinned(path) as m:
+                out[name] = m.max_entries
+    return out
+
+
+def check_pins(instance: str, lim: LimitsConfig) -> None:
+    """ConfigError naming the ``limits`` field if a pinned map of ``instance`` (lb_xdp's
+    or hc_tc's) has another size than ``lim`` gives it: checked before loading, since
+    libbpf refuses to reuse such a pin."""
+    root = paths.pin_root(instance)
+    wanted = limits.map_sizes(lim)
+    for pin_dir in (root, root / "hc"):
+        bad = limits.mismatches(pinned_sizes(pin_dir), wanted)
+        if bad:
+            raise bad[0].error(instance)
+
+
 class LbMaps:
     """The maps of one lb_xdp instance, from a loaded object or from their pins."""
 
@@ -94,7 +130,8 @@ class LbMaps:
         missing = [n for n in MAP_NAMES if not (pin_root / n).exists()]
         if missing:
             raise FileNotFoundError(f"{pin_root}: no pinned {', '.join(missing)}: is it running?")
-        return cls({n: Map.from_pinned(pin_root / n) for n in MAP_NAMES})
+        extra = [n for n in limits.SIZED_MAPS if n not in MAP_NAMES and (pin_root / n).exists()]
+        return cls({n: Map.from_pinned(pin_root / n) for n in (*MAP_NAMES, *extra)})
 
     def __enter__(self) -> LbMaps:
         return self
@@ -211,6 +248,8 @@ class LbMaps:
     def _apply(self, op: Op) -> None:
         match op:
             case SetConfig(config):
+                # A mask beyond the table would make lb_xdp miss every flow: refuse it.
+                check_mask(config.conn_mask, self["lb_conns"].max_entries)
                 self["lb_config"].update(_u32(0), config.abi_value().pack())
             case PutBackend(bid, backend):
                 self["lb_backends"].update(_u32(bid), backend.abi_value().pack())
@@ -250,6 +289,42 @@ class LbMaps:
             case DeleteVip(vip):
                 self["lb_vips"].delete(vip.abi_key().pack())
 
+    def fill(self, snap: Snapshot, conns_used: int | None = None) -> list[MapFill]:
+        """Entries / max entries of every map sized by ``limits`` that this instance has.
+        ``snap``: a fresh snapshot (VIPs, backends and tables are counted from it);
+        ``conns_used``: the connection table's count if the caller has one (else
+        estimated from a sample). Hash maps sized by traffic (ACLs, rate limit) are
+        counted with a batch lookup or a key walk."""
+        conns = self.conns
+        used_conns = conns.estimate_count() if conns_used is None else conns_used
+        vip_ids = {p.vip_id for p in snap.vips.values()} | set(snap.tables)
+        in_map = {
+            name: sum(1 for i in snap.tables if self[name].lookup(_u32(i)) is not None)
+            for name in TABLE_MAPS.values()
+        }
+        active = sum(1 for b in snap.backends.values() if b.active)
+        counted = {
+            "lb_vips": len(snap.vips),
+            "lb_vip_addrs": len(snap.vip_addrs),
+            "lb_tables": in_map["lb_tables"],
+            "lb_btables": in_map["lb_btables"],
+            "lb_vip_stats": len(vip_ids),
+            "lb_backends": active,
+            "lb_be_stats": active,
+        }
+        out = []
+        for name in limits.SIZED_MAPS:
+            m = self.maps.get(name)
+            if m is None:
+                continue
+            if name == "lb_conns":
+                out.append(MapFill(name, used_conns, conns.capacity, conns_used is None))
+            elif name in counted:
+                out.append(MapFill(name, counted[name], m.max_entries))
+            else:
+                out.append(MapFill(name, m.count(), m.max_entries))
+        return out
+
     def flush_conns(self) -> int:
         """Empty the connection table (as if another LB node took over); returns entries."""
         return self.conns.flush()
@@ -258,14 +333,29 @@ class LbMaps:
 class LbDatapath(LbMaps):
     """lb_xdp loaded for an instance: the object, its maps and its XDP links."""
 
-    def __init__(self, instance: str, obj_path: Path | None = None) -> None:
+    def __init__(
+        self, instance: str, obj_path: Path | None = None, lim: LimitsConfig | None = None
+    ) -> None:
+        """Load lb_xdp with its maps sized by ``lim`` (default: the defaults). A pinned
+        map of another size: ConfigError naming the ``limits`` field, nothing loaded."""
         self.instance = instance
         self.pin_root = paths.pin_root(instance)
         self.pin_root.mkdir(parents=True, exist_ok=True)
         os.chmod(self.pin_root, 0o700)  # pins are root's business only
-        self.obj = BpfObject.load(obj_path or paths.bpf_object("lb_xdp"), pin_root=self.pin_root)
+        self.limits = lim or LimitsConfig()
+        try:
+            self.obj = BpfObject.load(
+                obj_path or paths.bpf_object("lb_xdp"),
+                pin_root=self.pin_root,
+                max_entries=limits.map_sizes(self.limits),
+            )
+        except PinnedSizeError as e:
+            name, pinned, wanted = e.mismatches[0]
+            raise limits.PinnedSizeMismatch(name, pinned, wanted).error(instance) from None
         self.program: Program = self.obj.program("lb_xdp")
-        super().__init__({n: self.obj.map(n) for n in MAP_NAMES})
+        # MAP_NAMES, plus whichever sized maps (ACLs, rate limit) this object has.
+        names = [*MAP_NAMES, *(n for n in limits.SIZED_MAPS if n in self.obj.maps)]
+        super().__init__({n: self.obj.map(n) for n in dict.fromkeys(names)})
 
     def link_path(self, ifname: str) -> Path:
         return self.pin_root / "links" / f"xdp_{ifname}"

@@ -21,6 +21,7 @@ from xdplb.datapath._ffi import (
     obj_info,
     obj_pin,
 )
+from xdplb.errors import BpfError
 
 if TYPE_CHECKING:
     from typing import TypeAlias
@@ -105,6 +106,8 @@ _PERCPU = frozenset(
     }
 )
 _ARRAYS = frozenset({MapType.ARRAY, MapType.PERCPU_ARRAY})
+#: Hash maps with BPF_MAP_LOOKUP_BATCH (an LPM trie has none).
+_BATCHED = frozenset({MapType.HASH, MapType.LRU_HASH, MapType.PERCPU_HASH, MapType.LRU_PERCPU_HASH})
 
 
 def possible_cpus() -> int:
@@ -274,6 +277,19 @@ class Map:
             value = self.lookup(key)
             if value is not None:  # deleted since get_next_key
                 yield key, value
+
+    def count(self) -> int:
+        """Entries in a hash-like map (hash, LRU, LPM trie): one batch lookup where the
+        map type has it, a key walk otherwise. Arrays always hold max_entries."""
+        if self.type in _ARRAYS:
+            return self.max_entries
+        if self.type in _BATCHED:
+            try:
+                return self.lookup_batch()[2]
+            except BpfError as e:
+                if e.errno not in (errno.EINVAL, 524, errno.EOPNOTSUPP):  # 524: ENOTSUPP
+                    raise
+        return sum(1 for _ in self.keys())
 
     # -- batches -----------------------------------------------------------------------
 

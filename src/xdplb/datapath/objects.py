@@ -3,13 +3,25 @@
 from __future__ import annotations
 
 import os
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 from xdplb.datapath._ffi import StrPath, capture_log, ffi, lib, new_opts
 from xdplb.datapath.maps import Map
 from xdplb.datapath.programs import Program
-from xdplb.errors import LoadError
+from xdplb.errors import LoadError, XdplbError
+
+
+class PinnedSizeError(XdplbError):
+    """Pinned maps that the object would reuse have another size than asked for:
+    ``mismatches`` holds (map name, pinned max_entries, wanted max_entries)."""
+
+    def __init__(self, mismatches: list[tuple[str, int, int]]) -> None:
+        self.mismatches = mismatches
+        super().__init__(
+            "; ".join(f"pinned {n} has {p} entries, {w} asked for" for n, p, w in mismatches)
+        )
 
 
 class BpfObject:
@@ -47,10 +59,19 @@ class BpfObject:
             m = lib.bpf_object__next_map(obj, m)
 
     @classmethod
-    def load(cls, path: StrPath, pin_root: StrPath | None = None) -> BpfObject:
+    def load(
+        cls,
+        path: StrPath,
+        pin_root: StrPath | None = None,
+        max_entries: Mapping[str, int] | None = None,
+    ) -> BpfObject:
         """Open and load ``path``. Maps declared LIBBPF_PIN_BY_NAME are pinned under
         ``pin_root`` (created if missing), or reused with their contents if already
-        pinned there. Raises LoadError with errno and the libbpf/verifier log."""
+        pinned there. ``max_entries`` (map name -> size) overrides the object's sizes;
+        names the object does not have are ignored, so one table serves every object.
+        Raises LoadError with errno and the libbpf/verifier log, or PinnedSizeError
+        (nothing loaded) when a pinned map it would reuse has another size: libbpf
+        would refuse to reuse it."""
         path = Path(path)
         root = Path(pin_root) if pin_root is not None else None
         c_path = os.fsencode(path)
@@ -64,6 +85,11 @@ class BpfObject:
             if obj == ffi.NULL:
                 err = ffi.errno  # read before anything else can clobber it
                 raise LoadError(f"bpf_object__open_file({path})", err, "".join(log))
+            try:
+                _set_sizes(obj, max_entries or {})
+            except BaseException:
+                lib.bpf_object__close(obj)
+                raise
             ret = lib.bpf_object__load(obj)
             if ret < 0:
                 lib.bpf_object__close(obj)
@@ -108,3 +134,28 @@ class BpfObject:
 
     def __repr__(self) -> str:
         return f"BpfObject({str(self.path)!r}, programs={sorted(self.programs)})"
+
+
+def _set_sizes(obj: Any, sizes: Mapping[str, int]) -> None:
+    """bpf_map__set_max_entries for every map of an opened object named in ``sizes``,
+    after checking that none of them is pinned with another size."""
+    bad: list[tuple[str, int, int]] = []
+    todo: list[tuple[Any, str, int]] = []
+    m = lib.bpf_object__next_map(obj, ffi.NULL)
+    while m != ffi.NULL:
+        name = ffi.string(lib.bpf_map__name(m)).decode()
+        if name in sizes:
+            todo.append((m, name, sizes[name]))
+            c_pin = lib.bpf_map__pin_path(m)
+            pin = os.fsdecode(ffi.string(c_pin)) if c_pin != ffi.NULL else None
+            if pin is not None and os.path.exists(pin):
+                with Map.from_pinned(pin) as pinned:
+                    if pinned.max_entries != sizes[name]:
+                        bad.append((name, pinned.max_entries, sizes[name]))
+        m = lib.bpf_object__next_map(obj, m)
+    if bad:
+        raise PinnedSizeError(bad)
+    for m, name, size in todo:
+        ret = lib.bpf_map__set_max_entries(m, size)
+        if ret < 0:
+            raise LoadError(f"bpf_map__set_max_entries({name}, {size})", -ret)

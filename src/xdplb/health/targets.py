@@ -86,16 +86,22 @@ class HealthTargets:
         return targets
 
     def _tunnel(self, cfg: Config) -> HealthTunnel:
-        args = (cfg.tunnel.source_v4, cfg.tunnel.source_v6, cfg.tunnel.gue_port, cfg.hash_seed)
+        args = (
+            cfg.tunnel.source_v4,
+            cfg.tunnel.source_v6,
+            cfg.tunnel.gue_port,
+            cfg.hash_seed,
+            cfg.limits.hc_targets,
+        )
         if self.tunnel is None or args != self._tunnel_args:
             if self.tunnel is not None:
                 self.tunnel.close()
-            v4, v6, port, seed = args
+            v4, v6, port, seed, size = args
             # pyroute2's synchronous calls run an event loop of their own, which cannot
             # nest in the daemon's: set the device, rules and routes up from a thread.
             with ThreadPoolExecutor(1) as pool:
                 self.tunnel = pool.submit(
-                    HealthTunnel, self.instance, v4, v6, port, hash_seed=seed
+                    HealthTunnel, self.instance, v4, v6, port, hash_seed=seed, max_targets=size
                 ).result()
             self._tunnel_args = args
         return self.tunnel
