@@ -12,6 +12,7 @@
 #include "lib/lb_parse.h"
 #include "lib/lb_select.h"
 #include "lib/encap.h"
+#include "lib/lb_acl.h"
 
 SEC("xdp")
 int lb_xdp(struct xdp_md *ctx)
@@ -30,10 +31,18 @@ int lb_xdp(struct xdp_md *ctx)
 	if (rc != LB_CONTINUE)
 		return rc;
 
-	/* 6 */
+	/* 5a: the global ACL, for any packet to a VIP address (lb_acl.h) */
+	rc = lb_acl_global(&pkt);
+	if (rc != LB_CONTINUE)
+		return rc;
+
+	/* 6, then 6a: the VIP's ACL */
 	vip = lb_vip_lookup(&pkt);
 	if (!vip)
 		return lb_pass(XDPLB_EV_PASS_NOT_VIP);
+	rc = lb_acl_vip(&pkt, vip);
+	if (rc != LB_CONTINUE)
+		return rc;
 
 	cfg = bpf_map_lookup_elem(&lb_config, &zero);
 	if (!cfg)
@@ -47,6 +56,9 @@ int lb_xdp(struct xdp_md *ctx)
 	 */
 	fhash = xdplb_flow_hash((const __u32 *)&pkt.flow, cfg->hash_seed);
 	if (lb_is_syn(&pkt) || !lb_conn_lookup(&pkt, fhash, &tgt)) {
+		/* 8a: a new flow over its source prefix's rate goes no further */
+		if (lb_rate_applies(&pkt) && lb_rate_limited(&pkt, cfg))
+			return lb_drop(XDPLB_DROP_RATE_LIMIT);
 		rc = lb_table_lookup(&pkt, vip, cfg, fhash, &tgt);
 		if (rc >= 0)
 			return rc;

@@ -23,6 +23,7 @@ For bulk questions ("which backend gets each of these 10^6 flows?") use
 
 from __future__ import annotations
 
+import dataclasses
 import enum
 import ipaddress
 import struct
@@ -34,6 +35,7 @@ import numpy as np
 import numpy.typing as npt
 
 from xdplb import abi, hashing
+from xdplb.acl import AclIndex, AclKey, IPNetwork, rate_key
 from xdplb.state import (
     BackendState,
     ConnEntry,
@@ -157,6 +159,14 @@ class DataplaneState:
     #: ``lb_vip_addrs``; None means "the addresses of ``vips``", which is what the
     #: control plane keeps it at.  Give it explicitly to model a map out of step.
     vip_addrs: frozenset[IPAddress] | None = None
+    #: ``lb_acl4`` and ``lb_acl6``: every scope's rules (steps 5a, 6a).
+    acl: Mapping[AclKey, abi.AclList] = field(default_factory=dict)
+    #: Step 8a: the source prefixes (as ``acl.rate_key`` masks them) whose token bucket
+    #: is empty now; the caller keeps the clock and the buckets.
+    rate_limited: frozenset[IPNetwork] = frozenset()
+    #: Step 9: this CPU's connection-table insert budget for the window is used up
+    #: (matters only while ``config.flood_max`` is not 0).
+    over_budget: bool = False
 
     # Indexes by raw bytes, built once: decide() runs per packet, hundreds of
     # thousands of times in the tests.  cached_property writes to __dict__, which
@@ -164,6 +174,10 @@ class DataplaneState:
     @cached_property
     def _vip_index(self) -> dict[tuple[int, bytes, int, int], tuple[Vip, VipParams]]:
         return {(*_addr_key(v.addr), v.port, v.proto): (v, p) for v, p in self.vips.items()}
+
+    @cached_property
+    def acl_index(self) -> AclIndex:
+        return AclIndex(self.acl)
 
     @cached_property
     def _vip_addr_index(self) -> frozenset[tuple[int, bytes]]:
@@ -235,6 +249,9 @@ class Decision:
     #: Inner IP length, added to ``bytes`` of the VIP's and the backend's stats (step
     #: 10) whenever a backend was chosen; None when no stats move.
     stats_bytes: int | None = None
+    #: The ACL hit counted (``lb_acl_hits``): (scope, list); the scope is a vip id or
+    #: ``abi.ACL_GLOBAL``.  Several scopes may count (global allow, then the VIP's).
+    acl_hits: tuple[tuple[int, abi.AclList], ...] = ()
 
     @property
     def new_flow(self) -> bool:
@@ -397,16 +414,40 @@ def decide(state: DataplaneState, frame: bytes) -> Decision:
     if isinstance(parsed, Decision):
         return parsed
     p = parsed
+    # 5a. The global ACL, for every packet to a VIP address.
+    src = _ip(p.version, p.src)
+    acl_hits, denied = _acl(state, abi.ACL_GLOBAL, src, p, ())
+    if denied is not None:
+        return denied
     # 6. The VIP: exact port, then the port-0 wildcard.
     hit = state._find_vip(p.version, p.dst, p.dport, p.proto)
     if hit is None:
         return _PASS_NOT_VIP
     vip, params = hit
+    # 6a. The VIP's ACL.
+    acl_hits, denied = _acl(state, params.vip_id, src, p, acl_hits, params)
+    if denied is not None:
+        return denied
     # 7. The flow key: the connection table's key whatever the VIP hashes.
     key = flow_key(p.src, p.dst, p.sport, p.dport, p.proto)
-    flow = Flow(_ip(p.version, p.src), _ip(p.version, p.dst), p.sport, p.dport, p.proto)
+    flow = Flow(src, _ip(p.version, p.dst), p.sport, p.dport, p.proto)
     starts = p.proto != IPPROTO_TCP or p.tcp_flags & (_TCP_SYN | _TCP_ACK) == _TCP_SYN
+    # 8a. The new-flow rate limit.
+    limited = _rate_limited(state, key, flow, starts)
+    if limited is not None:
+        return Decision(
+            Outcome.DROP,
+            events=limited,
+            drop=abi.DropReason.RATE_LIMIT,
+            flow=flow,
+            vip=vip,
+            vip_params=params,
+            acl_hits=acl_hits,
+        )
     events, drop, flow_hash, bucket, hops, conn_insert = _choose(state, params, key, flow, starts)
+    if conn_insert is not None and state.over_budget and state.config.flood_max:
+        # 9. Over the insert budget: balanced by the table, not recorded.
+        events, conn_insert = (*events[:-1], abi.Event.CONN_FLOOD, events[-1]), None
     if drop is not None:
         return Decision(
             Outcome.DROP,
@@ -417,6 +458,7 @@ def decide(state: DataplaneState, frame: bytes) -> Decision:
             vip_params=params,
             flow_hash=flow_hash,
             bucket=bucket,
+            acl_hits=acl_hits,
         )
     assert flow_hash is not None and hops
     # 11. Encapsulate (10., the stats, move before encapsulation can fail).
@@ -436,7 +478,60 @@ def decide(state: DataplaneState, frame: bytes) -> Decision:
         packet=outer + frame[p.l3 :] if outer is not None else None,
         conn_insert=conn_insert,
         stats_bytes=p.ip_len,
+        acl_hits=acl_hits,
     )
+
+
+def _acl(
+    state: DataplaneState,
+    scope: int,
+    src: IPAddress,
+    p: _Parsed,
+    hits: tuple[tuple[int, abi.AclList], ...],
+    params: VipParams | None = None,
+) -> tuple[tuple[tuple[int, abi.AclList], ...], Decision | None]:
+    """Steps 5a (``params`` None: the global scope, VIP addresses only) and 6a: the hits
+    so far, and the drop when the scope denies the source.  A scope without rules (its
+    flags clear) is not looked up at all."""
+    if params is None:
+        flags = state.config.flags
+        on, deny = abi.CFG_F_ACL | abi.CFG_F_ACL_DENY, abi.CFG_F_ACL_DENY
+        if not flags & on or not state.is_vip_addr(p.version, p.dst):
+            return hits, None
+    else:
+        flags = params.flags
+        on, deny = abi.VIP_F_ACL | abi.VIP_F_ACL_DENY, abi.VIP_F_ACL_DENY
+        if not flags & on or params.vip_id >= abi.MAX_VIPS:
+            return hits, None
+    lst = state.acl_index.verdict(scope, src, bool(flags & deny))
+    if lst is None:
+        return hits, None
+    hits = (*hits, (scope, lst))
+    if lst is abi.AclList.ALLOW:
+        return hits, None
+    return hits, Decision(Outcome.DROP, drop=abi.DropReason.ACL, acl_hits=hits)
+
+
+def _rate_limited(
+    state: DataplaneState, key: bytes, flow: Flow, starts: bool
+) -> tuple[abi.Event, ...] | None:
+    """Step 8a: None when the packet goes on, else the events counted before its drop.
+    Only a packet on its way to the table as a new flow (a TCP SYN, a UDP packet
+    without a usable connection-table entry) draws from its prefix's bucket."""
+    cfg = state.config
+    if not cfg.rl_rate or not starts:
+        return None
+    events: tuple[abi.Event, ...] = ()
+    if flow.proto != IPPROTO_TCP:
+        conn = state.conns.get(key)
+        if conn is not None:
+            if state.backend_usable(conn.backend_id):
+                return None
+            events = (abi.Event.CONN_STALE,)
+    bucket = rate_key(flow.src, cfg.rl_prefix4, cfg.rl_prefix6)
+    if cfg.rl_burst == 0 or bucket in state.rate_limited:
+        return events
+    return None
 
 
 _Choice = tuple[
@@ -567,9 +662,7 @@ def apply(state: DataplaneState, decision: Decision) -> DataplaneState:
     key, entry = decision.conn_insert
     conns = dict(state.conns)
     conns[key] = entry
-    return DataplaneState(
-        state.vips, state.backends, state.tables, state.config, conns, state.vip_addrs
-    )
+    return dataclasses.replace(state, conns=conns)
 
 
 # ---------------------------------------------------------------------------
@@ -835,4 +928,5 @@ def state_from_snapshot(
         snap.config,
         dict(conns or {}),
         frozenset(snap.vip_addrs),
+        dict(snap.acl),
     )

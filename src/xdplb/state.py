@@ -14,6 +14,7 @@ import numpy as np
 import numpy.typing as npt
 
 from xdplb import abi
+from xdplb.acl import AclKey
 
 IPAddress = abi.IPAddress
 U32Array = npt.NDArray[np.uint32]
@@ -282,3 +283,5 @@ class Snapshot:
     vip_addrs: dict[IPAddress, int] = field(default_factory=dict)
     #: ``lb_config[0]``.
     config: LbConfig = field(default_factory=lambda: LbConfig(None, None))
+    #: ``lb_acl4`` and ``lb_acl6``: every scope's source prefix rules.
+    acl: dict[AclKey, abi.AclList] = field(default_factory=dict)
