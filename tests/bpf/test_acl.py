@@ -423,8 +423,14 @@ def test_against_the_model(acl_lb: Lb, one_cpu: None, seed: int) -> None:
         e0, d0, h0 = counts()
         verdict = lb.run(frm).retval
         e1, d1, h1 = counts()
-        events = {abi.Event(k).name: b - a for k, (a, b) in enumerate(zip(e0, e1)) if a != b}
-        drops = {abi.DropReason(k).name: b - a for k, (a, b) in enumerate(zip(d0, d1)) if a != b}
+        events = {
+            abi.Event(k).name: b - a for k, (a, b) in enumerate(zip(e0, e1, strict=True)) if a != b
+        }
+        drops = {
+            abi.DropReason(k).name: b - a
+            for k, (a, b) in enumerate(zip(d0, d1, strict=True))
+            if a != b
+        }
         dh = {k: n - h0.get(k, 0) for k, n in h1.items() if n != h0.get(k, 0)}
         assert want.allows(verdict), (i, want.describe(), verdict)
         seen[want.drop.name if want.drop is not None else want.outcome.value] += 1
@@ -438,9 +444,9 @@ def test_against_the_model(acl_lb: Lb, one_cpu: None, seed: int) -> None:
             conns[want.conn_insert[0]] = want.conn_insert[1]
         starts = vip.proto != abi.IPPROTO_TCP or tcp_flags == 0x02
         gone = (abi.DropReason.ACL, abi.DropReason.RATE_LIMIT)
-        if starts and want.vip is not None and want.drop not in gone:
-            if abi.Event.CONN_HIT not in want.events:
-                spent[bucket] = spent.get(bucket, 0) + 1
+        new = starts and want.vip is not None and abi.Event.CONN_HIT not in want.events
+        if new and want.drop not in gone:
+            spent[bucket] = spent.get(bucket, 0) + 1
     took = time.monotonic() - t0
     assert took < 1.0, f"{took:.2f} s: too slow for the model's view of the buckets"
     # Not vacuous: every path was taken.
