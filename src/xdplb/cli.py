@@ -421,6 +421,9 @@ def _print_status(st: Status) -> None:
         typer.echo(line)
     typer.echo("events: " + ("  ".join(f"{k} {n}" for k, n in st.events.items()) or "none"))
     typer.echo("drops: " + ("  ".join(f"{k} {n}" for k, n in st.drops.items()) or "none"))
+    acl = [h for h in st.acl if h.scope != "global" or h.allow or h.deny or h.default]
+    for h in acl:
+        typer.echo(f"acl {h.scope}: allow {h.allow}  deny {h.deny}  default {h.default}")
 
 
 vip_app = typer.Typer(no_args_is_help=True, help="VIPs of a running instance (through its API).")

@@ -90,3 +90,12 @@ def test_acl_errors_exit_2(served: Served, args: tuple[str, ...], message: str) 
     assert code == EXIT_CONFIG
     assert message in errout
     assert served.fake.replaced == 0
+
+
+def test_status_shows_acl_hits(served: Served) -> None:
+    code, out, _ = xdplb("status")
+    assert code == EXIT_OK and "acl " not in out  # nothing to say
+    served.fake.acl_hits = {"global": (0, 0, 0), "198.18.100.1:80/tcp": (2, 0, 7)}
+    out = xdplb("status")[1]
+    assert "acl global" not in out
+    assert "acl 198.18.100.1:80/tcp: allow 2  deny 0  default 7\n" in out
