@@ -214,8 +214,8 @@ class BenchPkt(ctypes.Structure):
 
 _ZERO = struct.pack("<I", 0)
 
-#: lb_xdp records at most LB_FLOOD_MAX (12,500) new flows per CPU per 100 ms window
-#: (bpf/lib/lb_select.h, "bounded writes under a new-connection flood"); past that, new
+#: lb_xdp records at most cfg.flood_max (12,500 by default) new flows per CPU per 100 ms
+#: window (bpf/lib/lb_select.h, "bounded writes under a new-connection flood"); past that, new
 #: flows are balanced but not recorded - a cheaper path. A test-run loop is such a flood,
 #: so new-flow runs go in chunks below the budget, with lb_flood reset before each chunk
 #: (untimed). measure() checks that the last flows really are in lb_conns, so a smaller

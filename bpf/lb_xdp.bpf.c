@@ -11,6 +11,7 @@
 #include "lib/counters.h"
 #include "lib/lb_parse.h"
 #include "lib/lb_select.h"
+#include "lib/lb_acl.h"
 #include "lib/lb_icmp.h"
 #include "lib/encap.h"
 
@@ -32,7 +33,10 @@ int lb_xdp(struct xdp_md *ctx)
 	if (rc != LB_CONTINUE)
 		return rc;
 
-	/* global ACL (lb_acl.h) */
+	/* 2a: the global ACL, for any packet to a VIP address (lb_acl.h) */
+	rc = lb_acl_global(&pkt);
+	if (rc != LB_CONTINUE)
+		return rc;
 
 	/* 3-5, 7: other protocols end here, fragments and ICMP take 4a-4c. */
 	rc = lb_parse_l4(ctx, &pkt, &cur);
@@ -45,10 +49,13 @@ int lb_xdp(struct xdp_md *ctx)
 	if (rc != LB_CONTINUE)
 		return rc;
 
-	/* 6 */
+	/* 6, then 6a: the VIP's ACL */
 	vip = lb_vip_lookup(&pkt);
 	if (!vip)
 		return lb_pass(XDPLB_EV_PASS_NOT_VIP);
+	rc = lb_acl_vip(&pkt, vip);
+	if (rc != LB_CONTINUE)
+		return rc;
 
 	cfg = bpf_map_lookup_elem(&lb_config, &zero);
 	if (!cfg)
@@ -62,6 +69,9 @@ int lb_xdp(struct xdp_md *ctx)
 	 */
 	fhash = xdplb_flow_hash((const __u32 *)&pkt.flow, cfg->hash_seed);
 	if (lb_is_syn(&pkt) || !lb_conn_lookup(&pkt, cfg, fhash, &tgt)) {
+		/* 8a: a new flow over its source prefix's rate goes no further */
+		if (lb_rate_applies(&pkt) && lb_rate_limited(&pkt, cfg))
+			return lb_drop(XDPLB_DROP_RATE_LIMIT);
 		rc = lb_table_lookup(&pkt, vip, cfg, fhash, &tgt);
 		if (rc >= 0)
 			return rc;

@@ -268,6 +268,69 @@ enum xdplb_hc_event {
 
 /* --- Source ACLs and the new-flow rate limit (bpf/lib/lb_acl.h) --- */
 
+/*
+ * Source ACLs: one LPM trie per family (lb_acl4, lb_acl6) holds every scope's
+ * rules.  A scope is the global list (XDPLB_ACL_GLOBAL) or one VIP (its
+ * vip_id); the key's prefixlen counts the scope's 32 bits too, so a rule for
+ * a /p source prefix has prefixlen 32 + p and a lookup never crosses scopes.
+ * Within a scope the longest matching prefix decides.  No rule matching: the
+ * source is allowed, unless the scope has an allow list (XDPLB_CFG_F_ACL_DENY
+ * globally, XDPLB_VIP_F_ACL_DENY for a VIP).  A scope whose flags say it has
+ * no rules (XDPLB_CFG_F_ACL, XDPLB_VIP_F_ACL clear) is not looked up at all.
+ */
+#define XDPLB_ACL_GLOBAL	0xffffffffU	/* scope of the global rules */
+#define XDPLB_ACL_ENTRIES	16384		/* rules per family, all scopes */
+
+#define XDPLB_CFG_F_ACL		(1U << 2)	/* the global scope has rules */
+#define XDPLB_VIP_F_ACL		(1U << 1)	/* the VIP's scope has rules */
+#define XDPLB_VIP_F_ACL_DENY	(1U << 2)	/* the VIP has an allow list: no match is denied */
+
+/* What a rule says, and the list a hit is counted under (lb_acl_hits). */
+enum xdplb_acl_list {
+	XDPLB_ACL_ALLOW = 0,	/* matched an allow rule: passed */
+	XDPLB_ACL_DENY,		/* matched a deny rule: dropped */
+	XDPLB_ACL_DEFAULT,	/* no rule matched, the scope has an allow list: dropped */
+	XDPLB_ACL__MAX,
+};
+
+/*
+ * lb_acl_hits index: slot * XDPLB_ACL__MAX + list, slot 0 for the global scope and
+ * vip_id + 1 for a VIP's (the map is sized (limits.vips + 1) * XDPLB_ACL__MAX).
+ */
+#define XDPLB_ACL_HITS	((XDPLB_MAX_VIPS + 1) * XDPLB_ACL__MAX)
+
+struct xdplb_acl_key4 {
+	__u32 prefixlen;	/* 32 (the scope) + source prefix length */
+	__u32 scope;		/* vip_id or XDPLB_ACL_GLOBAL, host order */
+	__u32 addr;		/* network order */
+};
+
+struct xdplb_acl_key6 {
+	__u32 prefixlen;	/* 32 + source prefix length */
+	__u32 scope;
+	__u32 addr[4];
+};
+
+/* lb_acl4 / lb_acl6 value. */
+struct xdplb_acl_rule {
+	__u8 action;		/* XDPLB_ACL_ALLOW or XDPLB_ACL_DENY */
+	__u8 pad[3];
+};
+
+/*
+ * New-flow rate limit: a token bucket per source prefix (the source masked to
+ * rl_prefix4 / rl_prefix6; key struct xdplb_addr) in the LRU hash lb_rate.
+ * Tokens are counted in nano-flows (one new flow costs 10^9): refilling
+ * elapsed_ns * rl_rate needs no division.
+ */
+#define XDPLB_RATE_ENTRIES	65536
+#define XDPLB_RATE_ONE		1000000000ULL	/* one new flow, in bucket units */
+
+struct xdplb_rate {
+	__u64 tokens;		/* nano-flows left, at most rl_burst * XDPLB_RATE_ONE */
+	__u64 stamp;		/* bpf_ktime_get_coarse_ns() of the last refill */
+};
+
 /* --- ICMP and fragments (bpf/lib/lb_icmp.h) --- */
 
 /*

@@ -29,6 +29,7 @@
 #include "lib/lb_maps.h"
 #include "lib/lb_parse.h"
 #include "lib/lb_select.h"
+#include "lib/lb_acl.h"
 
 /* <linux/icmp.h> pulls in libc headers: the types we need, by hand. */
 #define ICMP_ECHOREPLY		0
@@ -208,6 +209,9 @@ static __always_inline int lb_icmp_frag(struct xdp_md *ctx, struct lb_pkt *pkt,
 
 	if (pkt->frag) {
 		rc = lb_frag_vip(pkt, ai, vipp);
+		/* 6a: the VIP's ACL holds for its fragments (not for routers' ICMP errors) */
+		if (rc == LB_CONTINUE)
+			rc = lb_acl_vip(pkt, *vipp);
 		ev = XDPLB_EV_FRAGMENT;
 	} else {
 		if ((void *)(icmp + LB_ICMP_HLEN) > data_end || pkt->l4_len < LB_ICMP_HLEN)

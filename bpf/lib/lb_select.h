@@ -18,14 +18,11 @@
 
 /*
  * Bounded connection-table writes (DESIGN.md, "bounded writes under a
- * new-connection flood", as Katran does): past LB_FLOOD_MAX new flows in one
- * LB_FLOOD_WINDOW on a CPU, new flows are still balanced by the table but not
- * recorded.  An insert evicts a cold entry and costs a cache miss or two; a
- * flood would spend that (and the table) on flows that never come back.
+ * new-connection flood", as Katran does): past cfg->flood_max new flows in one
+ * XDPLB_FLOOD_WINDOW_NS on a CPU, new flows are still balanced by the table
+ * but not recorded.  An insert evicts a cold entry and costs a cache miss or
+ * two; a flood would spend that (and the table) on flows that never come back.
  */
-#define LB_FLOOD_WINDOW	(100 * 1000 * 1000ULL)	/* ns */
-#define LB_FLOOD_MAX	12500			/* per window per CPU: 125k/s */
-
 struct lb_flood {
 	__u64 start;		/* ktime of the window's start */
 	__u64 count;		/* new flows seen in it */
@@ -40,28 +37,31 @@ struct {
 } lb_flood SEC(".maps");
 
 /*
- * Count a new flow; true when this CPU is over its budget for the window.
- * The clock is read only when the budget is used up (or the window is fresh,
- * count 0: at load, or zeroed by user space): a window ends at its first new
- * flow past the budget that comes LB_FLOOD_WINDOW or more after its start.
- * So a flood is only declared after more than LB_FLOOD_MAX new flows within
- * LB_FLOOD_WINDOW, at most LB_FLOOD_MAX are recorded per window, and the
- * common case (no flood) costs no helper call.
+ * Count a new flow; true when this CPU is over its budget (max per window,
+ * 0: no limit) for the window.  The clock is read only when the budget is used
+ * up (or the window is fresh, count 0: at load, or zeroed by user space): a
+ * window ends at its first new flow past the budget that comes
+ * XDPLB_FLOOD_WINDOW_NS or more after its start.  So a flood is only declared
+ * after more than max new flows within the window, at most max are recorded
+ * per window, and the common case (no flood) costs no helper call.
  */
-static __always_inline int lb_under_flood(void)
+static __always_inline int lb_under_flood(__u32 max)
 {
 	__u32 zero = 0;
-	struct lb_flood *fl = bpf_map_lookup_elem(&lb_flood, &zero);
+	struct lb_flood *fl;
 	__u64 now;
 
+	if (!max)
+		return 0;
+	fl = bpf_map_lookup_elem(&lb_flood, &zero);
 	if (!fl)
 		return 0;
 	if (!fl->count)
 		fl->start = bpf_ktime_get_coarse_ns();
-	if (++fl->count <= LB_FLOOD_MAX)
+	if (++fl->count <= max)
 		return 0;
 	now = bpf_ktime_get_coarse_ns();
-	if (now - fl->start >= LB_FLOOD_WINDOW) {
+	if (now - fl->start >= XDPLB_FLOOD_WINDOW_NS) {
 		fl->start = now;
 		fl->count = 1;
 		return 0;
@@ -275,7 +275,7 @@ static __always_inline int lb_table_lookup(const struct lb_pkt *pkt,
 	}
 
 	/* Best effort: a full set evicts its least recently used way. */
-	if (!lb_under_flood())
+	if (!lb_under_flood(cfg->flood_max))
 		lb_conn_put(fhash, cfg->conn_mask, &pkt->flow, tgt->be_id, tgt->hash);
 	else
 		lb_count_event(XDPLB_EV_CONN_FLOOD);

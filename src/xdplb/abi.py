@@ -325,6 +325,63 @@ class VipAddrInfo(_Struct):
     ]
 
 
+# --- Source ACLs and the new-flow rate limit (bpf/lib/lb_acl.h) ---
+
+ACL_GLOBAL = 0xFFFFFFFF
+ACL_ENTRIES = 16384
+CFG_F_ACL = 1 << 2
+VIP_F_ACL = 1 << 1
+VIP_F_ACL_DENY = 1 << 2
+RATE_ENTRIES = 65536
+RATE_ONE = 1_000_000_000
+
+
+class AclList(enum.IntEnum):
+    """What an ACL rule says, and the list a hit is counted under (``lb_acl_hits``)."""
+
+    ALLOW = 0
+    DENY = enum.auto()
+    DEFAULT = enum.auto()  #: no rule matched and the scope has an allow list
+
+
+#: ``lb_acl_hits`` size: a slot per VIP id plus the global one, each with every list.
+ACL_HITS = (MAX_VIPS + 1) * len(AclList)
+#: The global scope's slot in ``lb_acl_hits``.
+ACL_GLOBAL_SLOT = 0  # a VIP's slot is its id + 1
+
+
+class AclKey4(_Struct):
+    """``lb_acl4`` key; ``prefixlen`` counts the 32 bits of ``scope`` too."""
+
+    c_name = "xdplb_acl_key4"
+    _fields_ = [
+        ("prefixlen", ctypes.c_uint32),
+        ("scope", ctypes.c_uint32),
+        ("addr", ctypes.c_uint32),  # network order
+    ]
+
+
+class AclKey6(_Struct):
+    c_name = "xdplb_acl_key6"
+    _fields_ = [
+        ("prefixlen", ctypes.c_uint32),
+        ("scope", ctypes.c_uint32),
+        ("addr", ctypes.c_uint32 * 4),
+    ]
+
+
+class AclRule(_Struct):
+    c_name = "xdplb_acl_rule"
+    _fields_ = [("action", ctypes.c_uint8), ("pad", ctypes.c_uint8 * 3)]
+
+
+class Rate(_Struct):
+    """``lb_rate`` value: a source prefix's token bucket (key: ``Addr``, masked)."""
+
+    c_name = "xdplb_rate"
+    _fields_ = [("tokens", ctypes.c_uint64), ("stamp", ctypes.c_uint64)]
+
+
 STRUCTS: tuple[type[_Struct], ...] = (
     VipKey,
     VipInfo,
@@ -339,4 +396,8 @@ STRUCTS: tuple[type[_Struct], ...] = (
     Addr,
     HcTarget,
     VipAddrInfo,
+    AclKey4,
+    AclKey6,
+    AclRule,
+    Rate,
 )

@@ -53,9 +53,11 @@ from pydantic import BaseModel, ConfigDict, Field
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.routing import BaseRoute, Match
 
-from xdplb.config import BackendConfig, Config, VipConfig, parse_config
+from xdplb.config import AclConfig, BackendConfig, Config, VipConfig, parse_config
 from xdplb.config import Protocol as L4Protocol
 from xdplb.control import (
+    AclHits,
+    AclView,
     BackendStatus,
     ChangeResult,
     Controller,
@@ -188,6 +190,25 @@ def _with_vips(cfg: Config, vips: Sequence[VipConfig]) -> Config:
         return parse_config(data)
     except ConfigError as e:
         raise ApiError(422, e.message, e.field) from None
+
+
+def _with_acl(cfg: Config, acl: AclConfig, vip: int | None = None) -> Config:
+    """``cfg`` with another global ACL (``vip`` None) or VIP ``vip``'s, validated whole."""
+    data = cfg.model_dump(mode="json")
+    where = data if vip is None else data["vips"][vip]
+    where["acl"] = acl.model_dump(mode="json")
+    try:
+        return parse_config(data)
+    except ConfigError as e:
+        raise ApiError(422, e.message, e.field) from None
+
+
+def _acl_view(acl: AclConfig, scope: str, st: Status) -> AclView:
+    hits = next(
+        (h for h in st.acl if h.scope == scope),
+        AclHits(scope=scope, allow=0, deny=0, default=0),
+    )
+    return AclView(allow=[str(p) for p in acl.allow], deny=[str(p) for p in acl.deny], hits=hits)
 
 
 def _with_backends(vip: VipConfig, backends: Sequence[BackendConfig]) -> VipConfig:
@@ -484,6 +505,31 @@ def create_app(
         address: AddressP, port: PortP, protocol: ProtocolP, backend: BackendP
     ) -> DrainStatus:
         return _guard(ctl.drain_status, *drain_target(address, port, protocol, backend))
+
+    @api.get("/acl", summary="The global source ACL (every VIP address) and its hits")
+    async def get_acl() -> AclView:
+        return _acl_view(_guard(ctl.config).acl, "global", _guard(ctl.status))
+
+    @api.put("/acl", summary="Replace the global source ACL (live; tables are kept)")
+    async def put_acl(acl: AclConfig, persist: PersistQ = False) -> ChangeResult:
+        return change(_with_acl(_guard(ctl.config), acl), persist)
+
+    @api.get(vip_path + "/acl", summary="A VIP's own source ACL and its hits")
+    async def get_vip_acl(address: AddressP, port: PortP, protocol: ProtocolP) -> AclView:
+        ref = _vip_ref(address, port, protocol)
+        cfg, i = vip_config(ref)
+        return _acl_view(cfg.vips[i].acl, ref.name, _guard(ctl.status))
+
+    @api.put(vip_path + "/acl", summary="Replace a VIP's own source ACL (live)")
+    async def put_vip_acl(
+        address: AddressP,
+        port: PortP,
+        protocol: ProtocolP,
+        acl: AclConfig,
+        persist: PersistQ = False,
+    ) -> ChangeResult:
+        cfg, i = vip_config(_vip_ref(address, port, protocol))
+        return change(_with_acl(cfg, acl, i), persist)
 
     app.include_router(api)
 

@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import Annotated, Any
 
 import typer
+from pydantic import ValidationError
 from rich.console import Console
 from rich.table import Table
 
@@ -43,6 +44,7 @@ from xdplb.client import (
     parse_vip,
 )
 from xdplb.config import (
+    AclConfig,
     BackendConfig,
     EncapKind,
     HashFields,
@@ -445,6 +447,9 @@ def _print_status(st: Status) -> None:
         typer.echo(line)
     typer.echo("events: " + ("  ".join(f"{k} {n}" for k, n in st.events.items()) or "none"))
     typer.echo("drops: " + ("  ".join(f"{k} {n}" for k, n in st.drops.items()) or "none"))
+    acl = [h for h in st.acl if h.scope != "global" or h.allow or h.deny or h.default]
+    for h in acl:
+        typer.echo(f"acl {h.scope}: allow {h.allow}  deny {h.deny}  default {h.default}")
 
 
 vip_app = typer.Typer(no_args_is_help=True, help="VIPs of a running instance (through its API).")
@@ -640,6 +645,128 @@ def backend_enable(
     ref, addr = _vip_arg(vip), _backend_arg(backend)
     with _api(config, instance, api, token) as client:
         typer.echo(_drain_line(client.enable(ref, addr)))
+
+
+acl_app = typer.Typer(
+    no_args_is_help=True,
+    help="Source ACLs of a running instance (through its API): global, or one VIP's "
+    "with --vip. The longest matching prefix decides; with an allow list, a source no "
+    "rule matches is denied.",
+)
+app.add_typer(acl_app, name="acl")
+AclVipOpt = Annotated[
+    str | None,
+    typer.Option("--vip", help="a VIP's own ACL (ADDRESS:PORT[/PROTOCOL]); default: global"),
+]
+PrefixesArg = Annotated[
+    list[str], typer.Argument(help="source prefixes, e.g. 198.18.7.0/24 fd78:6470:6c62::/48")
+]
+
+
+def _acl_change(
+    vip: str | None,
+    prefixes: list[str],
+    action: str,
+    persist: bool,
+    config: Path | None,
+    instance: str | None,
+    api: str | None,
+    token: str | None,
+) -> None:
+    """Read the scope's ACL, add (``allow``/``deny``: moving a prefix from the other
+    list) or remove (``del``) prefixes, and put it back whole."""
+    ref = _vip_arg(vip) if vip is not None else None
+    try:
+        new = AclConfig.model_validate({"deny": prefixes})
+    except ValidationError as e:
+        msg = str(e.errors()[0]["msg"]).removeprefix("Value error, ")
+        typer.echo(f"invalid prefix: {msg}", err=True)
+        raise typer.Exit(EXIT_CONFIG) from None
+    with _api(config, instance, api, token) as client:
+        view = client.acl(ref)
+        allow, deny = list(view.allow), list(view.deny)
+        for p in (str(x) for x in new.deny):
+            present = p in allow or p in deny
+            allow, deny = [a for a in allow if a != p], [d for d in deny if d != p]
+            if action == "allow":
+                allow.append(p)
+            elif action == "deny":
+                deny.append(p)
+            elif not present:
+                typer.echo(f"{p} is in no list of the {view.hits.scope} ACL", err=True)
+                raise typer.Exit(EXIT_CONFIG)
+        r = client.put_acl(
+            AclConfig.model_validate({"allow": allow, "deny": deny}), ref, persist=persist
+        )
+        what = {"allow": "allowed", "deny": "denied", "del": "removed"}[action]
+        _changed(f"{view.hits.scope} ACL: {what} {' '.join(prefixes)}", r)
+
+
+@acl_app.command("list")
+def acl_list(
+    vip: AclVipOpt = None,
+    config: OptConfigOpt = None,
+    instance: InstanceOpt = None,
+    api: ApiOpt = None,
+    token: TokenOpt = None,
+    as_json: Annotated[bool, typer.Option("--json", help="machine-readable output")] = False,
+) -> None:
+    """The rules of the global ACL (or a VIP's) and how many packets each list matched."""
+    ref = _vip_arg(vip) if vip is not None else None
+    with _api(config, instance, api, token) as client:
+        view = client.acl(ref)
+    if as_json:
+        sys.stdout.write(json.dumps(view.model_dump(mode="json"), indent=2) + "\n")
+        return
+    h = view.hits
+    typer.echo(f"{h.scope} ACL" + (" (allow list: other sources denied)" if view.allow else ""))
+    for p in view.allow:
+        typer.echo(f"  allow {p}")
+    for p in view.deny:
+        typer.echo(f"  deny  {p}")
+    typer.echo(f"hits: allow {h.allow}  deny {h.deny}  default {h.default}")
+
+
+@acl_app.command("allow")
+def acl_allow(
+    prefixes: PrefixesArg,
+    vip: AclVipOpt = None,
+    persist: PersistOpt = False,
+    config: OptConfigOpt = None,
+    instance: InstanceOpt = None,
+    api: ApiOpt = None,
+    token: TokenOpt = None,
+) -> None:
+    """Allow source prefixes (makes the scope an allow list: others are denied)."""
+    _acl_change(vip, prefixes, "allow", persist, config, instance, api, token)
+
+
+@acl_app.command("deny")
+def acl_deny(
+    prefixes: PrefixesArg,
+    vip: AclVipOpt = None,
+    persist: PersistOpt = False,
+    config: OptConfigOpt = None,
+    instance: InstanceOpt = None,
+    api: ApiOpt = None,
+    token: TokenOpt = None,
+) -> None:
+    """Deny source prefixes: their packets to the VIPs are dropped in XDP."""
+    _acl_change(vip, prefixes, "deny", persist, config, instance, api, token)
+
+
+@acl_app.command("del")
+def acl_del(
+    prefixes: PrefixesArg,
+    vip: AclVipOpt = None,
+    persist: PersistOpt = False,
+    config: OptConfigOpt = None,
+    instance: InstanceOpt = None,
+    api: ApiOpt = None,
+    token: TokenOpt = None,
+) -> None:
+    """Remove source prefixes from the scope's lists."""
+    _acl_change(vip, prefixes, "del", persist, config, instance, api, token)
 
 
 host_app = typer.Typer(no_args_is_help=True, help="host_tc on a backend host.")

@@ -26,9 +26,10 @@ from typing import Any, TypeVar
 import httpx
 from pydantic import BaseModel, TypeAdapter, ValidationError
 
-from xdplb.config import BackendConfig, Config, VipConfig
+from xdplb.config import AclConfig, BackendConfig, Config, VipConfig
 from xdplb.config import Protocol as L4Protocol
 from xdplb.control import (
+    AclView,
     BackendStatus,
     ChangeResult,
     DrainStatus,
@@ -146,6 +147,10 @@ def _vip_path(vip: VipRef) -> str:
 
 def _backend_path(vip: VipRef, backend: IPAddress) -> str:
     return f"{_vip_path(vip)}/backends/{backend}"
+
+
+def _acl_path(vip: VipRef | None) -> str:
+    return "/api/v1/acl" if vip is None else f"{_vip_path(vip)}/acl"
 
 
 class Client:
@@ -338,6 +343,22 @@ class Client:
             if waited >= timeout:
                 raise DrainTimeout(st, waited)
             time.sleep(min(interval, max(0.0, timeout - waited)))
+
+    def acl(self, vip: VipRef | None = None) -> AclView:
+        """The global ACL (``vip`` None) or a VIP's, with its hits."""
+        return self._get(AclView, "GET", _acl_path(vip))
+
+    def put_acl(
+        self, acl: AclConfig, vip: VipRef | None = None, *, persist: bool = False
+    ) -> ChangeResult:
+        """Replace the global ACL (``vip`` None) or a VIP's."""
+        return self._get(
+            ChangeResult,
+            "PUT",
+            _acl_path(vip),
+            params=self._persist(persist),
+            json=acl.model_dump(mode="json"),
+        )
 
     def metrics(self) -> str:
         """The Prometheus text of /metrics."""

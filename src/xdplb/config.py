@@ -15,7 +15,15 @@ from pathlib import Path
 from typing import Annotated, Any
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 
 from xdplb import abi
 from xdplb.errors import ConfigError
@@ -23,6 +31,7 @@ from xdplb.health.config import HealthCheckConfig
 from xdplb.maglev import is_prime
 
 IPAddress = ipaddress.IPv4Address | ipaddress.IPv6Address
+IPNetwork = ipaddress.IPv4Network | ipaddress.IPv6Network
 
 #: Largest table a VIP may ask for: 2**24 buckets of 8 bytes is 128 MiB of kernel memory.
 MAX_TABLE_SIZE = 16_777_259
@@ -192,6 +201,95 @@ class LoadFeedbackConfig(_Model):
         return self
 
 
+def _prefix(value: Any) -> IPNetwork:
+    """A source prefix: ``198.18.7.0/24``, ``fd78::/48`` or a bare address (/32, /128).
+    Host bits must be clear, so a typo does not silently widen or move the rule."""
+    if isinstance(value, ipaddress.IPv4Network | ipaddress.IPv6Network):
+        return value
+    if not isinstance(value, str):
+        raise ValueError("must be a prefix such as 198.18.7.0/24 or fd78:6470:6c62::/48")
+    try:
+        return ipaddress.ip_network(value)
+    except ValueError:
+        pass
+    try:
+        net = ipaddress.ip_network(value, strict=False)
+    except ValueError:
+        raise ValueError(f"{value!r} is not an IPv4 or IPv6 prefix") from None
+    raise ValueError(f"{value} has host bits set (the prefix is {net})")
+
+
+#: A source prefix of an ACL, host bits clear (``198.18.7.0/24``; a bare address is /32).
+AclPrefix = Annotated[IPNetwork, BeforeValidator(_prefix)]
+
+
+class AclConfig(_Model):
+    """Source ACL of one scope (global, or one VIP): the longest matching prefix decides.
+    A source no rule matches is allowed, unless ``allow`` is not empty: then it is denied
+    (an allow list). A denied packet is dropped in XDP (drop reason ``acl``)."""
+
+    allow: list[AclPrefix] = Field(default_factory=list)
+    """Source prefixes let through."""
+    deny: list[AclPrefix] = Field(default_factory=list)
+    """Source prefixes dropped."""
+
+    @model_validator(mode="after")
+    def _distinct(self) -> AclConfig:
+        seen: dict[IPNetwork, str] = {}
+        for name, prefixes in (("allow", self.allow), ("deny", self.deny)):
+            for i, p in enumerate(prefixes):
+                if p in seen:
+                    where = "listed twice" if seen[p] == name else f"also in {seen[p]}"
+                    raise _FieldError(f"{name}[{i}]", f"{p} is {where}")
+                seen[p] = name
+        return self
+
+    @property
+    def empty(self) -> bool:
+        return not self.allow and not self.deny
+
+
+class RateLimitConfig(_Model):
+    """A token bucket per source prefix for new flows (TCP SYNs, UDP packets without a
+    connection-table entry): over it, new flows are dropped (drop reason ``rate_limit``)."""
+
+    new_flows_per_second: Annotated[int, Field(ge=1, le=2**32 - 1)]
+    """Sustained new flows per second each source prefix may open."""
+    burst: Annotated[int, Field(ge=1, le=2**32 - 1)] | None = None
+    """Bucket depth in new flows (default: one second's worth)."""
+    prefix_v4: Annotated[int, Field(ge=0, le=32)] = 32
+    """Sources are grouped by this IPv4 prefix length (32: each address its own bucket)."""
+    prefix_v6: Annotated[int, Field(ge=0, le=128)] = 64
+    """And this IPv6 prefix length (64: one bucket per /64, a host's usual allocation)."""
+
+    @property
+    def bucket(self) -> int:
+        return self.burst if self.burst is not None else self.new_flows_per_second
+
+
+#: Connection-table inserts per second per CPU unless ``flood.conn_insert_budget`` says.
+DEFAULT_INSERT_BUDGET = abi.DEFAULT_FLOOD_MAX * 1_000_000_000 // abi.FLOOD_WINDOW_NS
+
+
+class FloodConfig(_Model):
+    """New-connection flood handling."""
+
+    conn_insert_budget: Annotated[int, Field(ge=0, le=2**32 - 1)] = DEFAULT_INSERT_BUDGET
+    """Connection-table inserts per second per CPU (counted per 100 ms window); new flows
+    beyond it are balanced by the table but not recorded (event ``conn_flood``). 0: no
+    limit."""
+    rate_limit: RateLimitConfig | None = None
+    """Per-source-prefix rate limit of new flows; absent: off."""
+
+    @property
+    def flood_max(self) -> int:
+        """Inserts per window per CPU (``struct xdplb_config.flood_max``)."""
+        if not self.conn_insert_budget:
+            return 0
+        per_window = self.conn_insert_budget * abi.FLOOD_WINDOW_NS // 1_000_000_000
+        return min(max(1, per_window), 2**32 - 1)
+
+
 class VipConfig(_Model):
     """A virtual service: (address, port, protocol) and where its flows go."""
 
@@ -222,6 +320,8 @@ class VipConfig(_Model):
     """Health check of every backend of this VIP (a backend may have its own); none:
     the backends count as up. A backend that fails leaves the table until it recovers."""
     backends: list[BackendConfig] = Field(default_factory=list)
+    acl: AclConfig = Field(default_factory=AclConfig)
+    """This VIP's own source ACL, checked after the global one."""
 
     @model_validator(mode="after")
     def _check_ports(self) -> VipConfig:
@@ -369,6 +469,10 @@ class Config(_Model):
     """Load-aware weights; absent: weights are exactly those configured."""
     limits: LimitsConfig = Field(default_factory=LimitsConfig)
     """Map sizes (fixed while the instance's maps exist)."""
+    acl: AclConfig = Field(default_factory=AclConfig)
+    """Source ACL of every VIP address (any port, any protocol), checked first."""
+    flood: FloodConfig = Field(default_factory=FloodConfig)
+    """Connection-table insert budget and the new-flow rate limit."""
     vips: list[VipConfig] = Field(default_factory=list)
 
     @field_validator("table_size")
@@ -450,6 +554,18 @@ class Config(_Model):
                 "limits.hc_targets",
                 f"{n} tunnelled health-check targets configured, the limit is {lim.hc_targets}",
             )
+        for version in (4, 6):
+            rules = sum(
+                1
+                for acl in (self.acl, *(v.acl for v in self.vips))
+                for p in (*acl.allow, *acl.deny)
+                if p.version == version
+            )
+            if rules > lim.acl_rules:
+                raise _FieldError(
+                    "limits.acl_rules",
+                    f"{rules} IPv{version} ACL rules configured, the limit is {lim.acl_rules}",
+                )
 
     def backend_addresses(self) -> set[IPAddress]:
         return {b.address for vip in self.vips for b in vip.backends}

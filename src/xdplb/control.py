@@ -90,6 +90,28 @@ class VipStatus(_Out):
     backends: list[BackendStatus]
 
 
+class AclHits(_Out):
+    """Packets an ACL scope counted, by list."""
+
+    scope: str
+    """``global``, or a VIP's name (``198.18.100.1:80/tcp``)."""
+    allow: int
+    """Matched an allow rule (let through)."""
+    deny: int
+    """Matched a deny rule (dropped)."""
+    default: int
+    """Matched no rule while the scope has an allow list (dropped)."""
+
+
+class AclView(_Out):
+    """One scope's ACL (``GET /api/v1/acl``, ``GET .../vips/{vip}/acl``): its rules and
+    how many packets each list matched."""
+
+    allow: list[str]
+    deny: list[str]
+    hits: AclHits
+
+
 class ConnTableStatus(_Out):
     capacity: int
     used: int
@@ -129,6 +151,8 @@ class Status(_Out):
     last_rebuild_ms: float | None
     health_checks: int
     """Health checks completed since the daemon started."""
+    acl: list[AclHits] = []
+    """ACL hits of the global scope and of every VIP that has rules or hits."""
 
 
 class ChangeResult(_Out):

@@ -28,9 +28,10 @@ class SizedMap:
     field: str
     mul: int = 1
     div: int = 1
+    add: int = 0
 
     def size(self, limits: LimitsConfig) -> int:
-        return int(getattr(limits, self.field)) * self.mul // self.div
+        return (int(getattr(limits, self.field)) + self.add) * self.mul // self.div
 
 
 #: Every map sized from the configuration, by name (lb_xdp's, hc_tc's). lb_vips has
@@ -51,6 +52,8 @@ SIZED_MAPS: dict[str, SizedMap] = {
         SizedMap("lb_acl4", "acl_rules"),
         SizedMap("lb_acl6", "acl_rules"),
         SizedMap("lb_rate", "rate_limit_sources"),
+        # A slot per VIP id plus the global one, each with a counter per list.
+        SizedMap("lb_acl_hits", "vips", mul=len(abi.AclList), add=1),
     )
 }
 

@@ -6,7 +6,8 @@ keeps no second copy of its counters. Only what the status cannot hold is record
 happens: the duration of each table rebuild (a histogram the daemon feeds with
 :meth:`Metrics.observe_rebuild`).
 
-Labels: ``vip="198.18.100.1:80/tcp"`` (``[v6]:port/proto``), ``backend="198.18.0.11"``.
+Labels: ``vip="198.18.100.1:80/tcp"`` (``[v6]:port/proto``), ``backend="198.18.0.11"``;
+ACL hits carry ``scope`` (``global`` or a VIP's name) and ``list``.
 Counters of a backend are the data path's, over all VIPs, so they carry only
 ``backend``; its state and weights are per VIP and carry both. Enum-like states
 (health, admin) are one series per state, 1 for the current one, the usual Prometheus
@@ -97,6 +98,16 @@ def families(st: Status) -> Iterator[Metric]:
     for event, n in sorted(st.events.items()):
         events.add_metric([event], n)
     yield events
+    acl = CounterMetricFamily(
+        "xdplb_acl_hits",
+        "Packets a source ACL matched, by scope (global or a VIP) and list "
+        "(allow: let through; deny and default, no rule of an allow list: dropped)",
+        labels=["scope", "list"],
+    )
+    for h in st.acl:
+        for lst, n in (("allow", h.allow), ("deny", h.deny), ("default", h.default)):
+            acl.add_metric([h.scope, lst], n)
+    yield acl
 
     vip_l = ["vip"]
     v_packets = CounterMetricFamily("xdplb_vip_packets", "Packets to the VIP", labels=vip_l)

@@ -34,6 +34,7 @@ import numpy as np
 import numpy.typing as npt
 
 from xdplb import abi, hashing
+from xdplb.acl import AclIndex, AclKey, IPNetwork, rate_key
 from xdplb.state import (
     BackendState,
     ConnEntry,
@@ -181,6 +182,14 @@ class DataplaneState:
     #: ``lb_backends``' max_entries (``limits.backends``): an id at or beyond it has no
     #: slot, as ``bpf_map_lookup_elem`` on an array finds none.
     max_backends: int = abi.MAX_BACKENDS
+    #: ``lb_acl4`` and ``lb_acl6``: every scope's rules (steps 5a, 6a).
+    acl: Mapping[AclKey, abi.AclList] = field(default_factory=dict)
+    #: Step 8a: the source prefixes (as ``acl.rate_key`` masks them) whose token bucket
+    #: is empty now; the caller keeps the clock and the buckets.
+    rate_limited: frozenset[IPNetwork] = frozenset()
+    #: Step 9: this CPU's connection-table insert budget for the window is used up
+    #: (matters only while ``config.flood_max`` is not 0).
+    over_budget: bool = False
 
     # Indexes by raw bytes, built once: decide() runs per packet, hundreds of
     # thousands of times in the tests.  cached_property writes to __dict__, which
@@ -188,6 +197,10 @@ class DataplaneState:
     @cached_property
     def _vip_index(self) -> dict[tuple[int, bytes, int, int], tuple[Vip, VipParams]]:
         return {(*_addr_key(v.addr), v.port, v.proto): (v, p) for v, p in self.vips.items()}
+
+    @cached_property
+    def acl_index(self) -> AclIndex:
+        return AclIndex(self.acl)
 
     @cached_property
     def _vip_addr_index(self) -> dict[tuple[int, bytes], VipAddrInfo]:
@@ -269,6 +282,9 @@ class Decision:
     #: Inner IP length, added to ``bytes`` of the VIP's and the backend's stats (step
     #: 10) whenever a backend was chosen; None when no stats move.
     stats_bytes: int | None = None
+    #: The ACL hit counted (``lb_acl_hits``): (scope, list); the scope is a vip id or
+    #: ``abi.ACL_GLOBAL``.  Several scopes may count (global allow, then the VIP's).
+    acl_hits: tuple[tuple[int, abi.AclList], ...] = ()
 
     @property
     def new_flow(self) -> bool:
@@ -476,37 +492,55 @@ def _parse_l4(frame: bytes, p: _Parsed, state: DataplaneState) -> _Parsed | Deci
     return replace(p, sport=sport, dport=dport, tcp_flags=flags)
 
 
-def _parse(frame: bytes, state: DataplaneState) -> _Parsed | Decision:
-    """Steps 1-5: a parsed VIP-candidate packet, or the decision that ends it."""
-    parsed = _parse_ip(frame)
-    if isinstance(parsed, Decision):
-        return parsed
-    # global ACL (lb_acl.h)
-    return _parse_l4(frame, parsed, state)
-
-
 def _ip(version: int, raw: bytes) -> IPAddress:
     return ipaddress.IPv4Address(raw) if version == 4 else ipaddress.IPv6Address(raw)
 
 
 def decide(state: DataplaneState, frame: bytes) -> Decision:
     """Steps 1-11 of docs/datapath.md for one Ethernet frame."""
-    parsed = _parse(frame, state)
+    parsed = _parse_ip(frame)
     if isinstance(parsed, Decision):
         return parsed
+    # 2a. The global ACL, for every packet to a VIP address.
+    src = _ip(parsed.version, parsed.src)
+    acl_hits, denied = _acl(state, abi.ACL_GLOBAL, src, parsed, ())
+    if denied is not None:
+        return denied
+    parsed = _parse_l4(frame, parsed, state)
+    if isinstance(parsed, Decision):
+        return replace(parsed, acl_hits=acl_hits) if acl_hits else parsed
     p = parsed
     if p.slow:
-        return _decide_slow(state, frame, p)
+        return _decide_slow(state, frame, p, acl_hits)
     # 6. The VIP: exact port, then the port-0 wildcard.
     hit = state._find_vip(p.version, p.dst, p.dport, p.proto)
     if hit is None:
         return _PASS_NOT_VIP
     vip, params = hit
+    # 6a. The VIP's ACL.
+    acl_hits, denied = _acl(state, params.vip_id, src, p, acl_hits, params)
+    if denied is not None:
+        return denied
     # 7. The flow key: the connection table's key whatever the VIP hashes.
     key = flow_key(p.src, p.dst, p.sport, p.dport, p.proto)
-    flow = Flow(_ip(p.version, p.src), _ip(p.version, p.dst), p.sport, p.dport, p.proto)
+    flow = Flow(src, _ip(p.version, p.dst), p.sport, p.dport, p.proto)
     starts = p.proto != IPPROTO_TCP or p.tcp_flags & (_TCP_SYN | _TCP_ACK) == _TCP_SYN
+    # 8a. The new-flow rate limit.
+    limited = _rate_limited(state, key, flow, starts)
+    if limited is not None:
+        return Decision(
+            Outcome.DROP,
+            events=limited,
+            drop=abi.DropReason.RATE_LIMIT,
+            flow=flow,
+            vip=vip,
+            vip_params=params,
+            acl_hits=acl_hits,
+        )
     events, drop, flow_hash, bucket, hops, conn_insert = _choose(state, params, key, flow, starts)
+    if conn_insert is not None and state.over_budget and state.config.flood_max:
+        # 9. Over the insert budget: balanced by the table, not recorded.
+        events, conn_insert = (*events[:-1], abi.Event.CONN_FLOOD, events[-1]), None
     if drop is not None:
         return Decision(
             Outcome.DROP,
@@ -517,6 +551,7 @@ def decide(state: DataplaneState, frame: bytes) -> Decision:
             vip_params=params,
             flow_hash=flow_hash,
             bucket=bucket,
+            acl_hits=acl_hits,
         )
     assert flow_hash is not None and hops
     # 11. Encapsulate (10., the stats, move before encapsulation can fail).
@@ -536,7 +571,60 @@ def decide(state: DataplaneState, frame: bytes) -> Decision:
         packet=outer + frame[p.l3 :] if outer is not None else None,
         conn_insert=conn_insert,
         stats_bytes=p.ip_len,
+        acl_hits=acl_hits,
     )
+
+
+def _acl(
+    state: DataplaneState,
+    scope: int,
+    src: IPAddress,
+    p: _Parsed,
+    hits: tuple[tuple[int, abi.AclList], ...],
+    params: VipParams | None = None,
+) -> tuple[tuple[tuple[int, abi.AclList], ...], Decision | None]:
+    """Steps 5a (``params`` None: the global scope, VIP addresses only) and 6a: the hits
+    so far, and the drop when the scope denies the source.  A scope without rules (its
+    flags clear) is not looked up at all."""
+    if params is None:
+        flags = state.config.flags
+        on, deny = abi.CFG_F_ACL | abi.CFG_F_ACL_DENY, abi.CFG_F_ACL_DENY
+        if not flags & on or not state.is_vip_addr(p.version, p.dst):
+            return hits, None
+    else:
+        flags = params.flags
+        on, deny = abi.VIP_F_ACL | abi.VIP_F_ACL_DENY, abi.VIP_F_ACL_DENY
+        if not flags & on:
+            return hits, None
+    lst = state.acl_index.verdict(scope, src, bool(flags & deny))
+    if lst is None:
+        return hits, None
+    hits = (*hits, (scope, lst))
+    if lst is abi.AclList.ALLOW:
+        return hits, None
+    return hits, Decision(Outcome.DROP, drop=abi.DropReason.ACL, acl_hits=hits)
+
+
+def _rate_limited(
+    state: DataplaneState, key: bytes, flow: Flow, starts: bool
+) -> tuple[abi.Event, ...] | None:
+    """Step 8a: None when the packet goes on, else the events counted before its drop.
+    Only a packet on its way to the table as a new flow (a TCP SYN, a UDP packet
+    without a usable connection-table entry) draws from its prefix's bucket."""
+    cfg = state.config
+    if not cfg.rl_rate or not starts:
+        return None
+    events: tuple[abi.Event, ...] = ()
+    if flow.proto != IPPROTO_TCP:
+        conn = state.conns.get(key)
+        if conn is not None:
+            if state.backend_usable(conn.backend_id):
+                return None
+            events = (abi.Event.CONN_STALE,)
+    bucket = rate_key(flow.src, cfg.rl_prefix4, cfg.rl_prefix6)
+    if cfg.rl_burst == 0 or bucket in state.rate_limited:
+        return events
+    return None
 
 
 _Choice = tuple[
@@ -744,8 +832,26 @@ def _quoted_flow(frame: bytes, p: _Parsed) -> Flow | None:
     return Flow(_ip(p.version, client), _ip(p.version, p.dst), qdport, qsport, proto)
 
 
-def _decide_slow(state: DataplaneState, frame: bytes, p: _Parsed) -> Decision:
-    """Steps 4a-4c: a TCP/UDP fragment or an ICMP message (lb_icmp_frag)."""
+def _decide_slow(
+    state: DataplaneState,
+    frame: bytes,
+    p: _Parsed,
+    acl_hits: tuple[tuple[int, abi.AclList], ...] = (),
+) -> Decision:
+    """Steps 4a-4c: a TCP/UDP fragment or an ICMP message (lb_icmp_frag), after the
+    global ACL counted ``acl_hits``."""
+    decision = _decide_slow_acl(state, frame, p, acl_hits)
+    if acl_hits and not decision.acl_hits:
+        decision = replace(decision, acl_hits=acl_hits)
+    return decision
+
+
+def _decide_slow_acl(
+    state: DataplaneState,
+    frame: bytes,
+    p: _Parsed,
+    acl_hits: tuple[tuple[int, abi.AclList], ...],
+) -> Decision:
     info = state.vip_addr_info(p.version, p.dst)
     if info is None:
         return _PASS_NOT_VIP
@@ -755,6 +861,10 @@ def _decide_slow(state: DataplaneState, frame: bytes, p: _Parsed) -> Decision:
         hit = None if port is None else state._vip_index.get((p.version, p.dst, port, p.proto))
         if hit is None:
             return _drop(abi.DropReason.FRAGMENT)
+        # 6a. The VIP's ACL holds for its fragments (not for routers' ICMP errors).
+        acl_hits, denied = _acl(state, hit[1].vip_id, _ip(p.version, p.src), p, acl_hits, hit[1])
+        if denied is not None:
+            return denied
         flow = Flow(_ip(p.version, p.src), _ip(p.version, p.dst), 0, 0, p.proto)
         event = abi.Event.FRAGMENT
     else:
@@ -804,6 +914,7 @@ def _decide_slow(state: DataplaneState, frame: bytes, p: _Parsed) -> Decision:
                 vip_params=params,
                 flow_hash=flow_hash,
                 bucket=bucket,
+                acl_hits=acl_hits,
             )
     events = (*events, event)
     outer = _outer_headers(state, params, p, hops, flow_hash)
@@ -821,6 +932,7 @@ def _decide_slow(state: DataplaneState, frame: bytes, p: _Parsed) -> Decision:
         gue_sport=gue_sport(flow_hash) if outer is not None else None,
         packet=outer + frame[p.l3 :] if outer is not None else None,
         stats_bytes=p.ip_len,
+        acl_hits=acl_hits,
     )
 
 
@@ -1101,4 +1213,5 @@ def state_from_snapshot(
         snap.config,
         dict(conns or {}),
         dict(snap.vip_addrs),
+        acl=dict(snap.acl),
     )

@@ -29,7 +29,8 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, replace
 
 from xdplb import abi, beamer, maglev
-from xdplb.config import Config, HashFields, TableKindName, VipConfig
+from xdplb.acl import AclKey, ScopeRules, sorted_keys
+from xdplb.config import AclConfig, Config, HashFields, TableKindName, VipConfig
 from xdplb.errors import ConfigError
 from xdplb.state import (
     BackendState,
@@ -102,6 +103,19 @@ class DeleteTable:
 
 
 @dataclass(frozen=True)
+class PutAcl:
+    """Add or change one source ACL rule (``lb_acl4`` / ``lb_acl6``)."""
+
+    key: AclKey
+    action: abi.AclList
+
+
+@dataclass(frozen=True)
+class DeleteAcl:
+    key: AclKey
+
+
+@dataclass(frozen=True)
 class DeleteBackend:
     """Mark the slot inactive: connection-table entries naming it are re-hashed."""
 
@@ -118,6 +132,8 @@ Op = (
     | DeleteVipAddr
     | DeleteTable
     | DeleteBackend
+    | PutAcl
+    | DeleteAcl
 )
 
 
@@ -141,15 +157,33 @@ def _lowest_free(used: Iterable[int], start: int, stop: int) -> Iterable[int]:
     return (i for i in range(start, stop) if i not in taken)
 
 
+def scope_rules(acl: AclConfig) -> ScopeRules:
+    return ScopeRules(frozenset(acl.allow), frozenset(acl.deny))
+
+
+def acl_flags(acl: AclConfig, has_rules: int, default_deny: int) -> int:
+    """The flags that make the data path look a scope up (and deny what no rule matches)."""
+    rules = scope_rules(acl)
+    return (has_rules if rules.has_rules else 0) | (default_deny if rules.default_deny else 0)
+
+
 def desired_config(cfg: Config) -> LbConfig:
-    flags = abi.CFG_F_PTB if cfg.tunnel.icmp_too_big else 0
+    rl = cfg.flood.rate_limit
+    flags = acl_flags(cfg.acl, abi.CFG_F_ACL, abi.CFG_F_ACL_DENY)
+    if cfg.tunnel.icmp_too_big:
+        flags |= abi.CFG_F_PTB
     return LbConfig(
         cfg.tunnel.source_v4,
         cfg.tunnel.source_v6,
         cfg.tunnel.gue_port,
         cfg.hash_seed,
-        flags=flags,
         conn_mask=cfg.limits.conn_mask,
+        flood_max=cfg.flood.flood_max,
+        flags=flags,
+        rl_rate=rl.new_flows_per_second if rl is not None else 0,
+        rl_burst=rl.bucket if rl is not None else 0,
+        rl_prefix4=rl.prefix_v4 if rl is not None else 32,
+        rl_prefix6=rl.prefix_v6 if rl is not None else 64,
     )
 
 
@@ -285,6 +319,7 @@ def plan(
     fresh_ids = iter(_lowest_free(used_ids, 0, cfg.limits.vips))
     vip_puts: list[Op] = []
     live_tables: dict[int, LookupTable] = {}
+    acl_entries = scope_rules(cfg.acl).entries(abi.ACL_GLOBAL)
     for vip in cfg.vips:
         key = vip_key(vip)
         size = cfg.vip_table_size(vip)
@@ -292,9 +327,11 @@ def plan(
         old = current.vips.get(key)
         same = old is not None and old.table_size == size and old.table_kind == kind
         vip_id = old.vip_id if old is not None and same else next(fresh_ids)
+        acl_entries.update(scope_rules(vip.acl).entries(vip_id))
         params = VipParams(
             vip_id=vip_id,
-            flags=abi.VIP_F_SRC_HASH if vip.hash is HashFields.SOURCE else 0,
+            flags=(abi.VIP_F_SRC_HASH if vip.hash is HashFields.SOURCE else 0)
+            | acl_flags(vip.acl, abi.VIP_F_ACL, abi.VIP_F_ACL_DENY),
             table_size=size,
             encap=vip.encap.abi,
             table_kind=kind,
@@ -343,7 +380,27 @@ def plan(
         ops_del.insert(0, DeleteTable(vip_id))
     # Deletions run VIPs first, then addresses, tables, backends.
     ops_del.sort(key=_del_rank)
-    return ops_put + ops_del
+    acl_puts, acl_dels = plan_acl(acl_entries, current.acl)
+    return acl_puts + ops_put + ops_del + acl_dels
+
+
+def plan_acl(
+    wanted: Mapping[AclKey, abi.AclList], current: Mapping[AclKey, abi.AclList]
+) -> tuple[list[Op], list[Op]]:
+    """The ACL rules' puts (first in a plan) and deletions (last).
+
+    While a plan runs the tries hold the old rules and the new ones together, the new
+    action where a prefix is in both. For any source the longest match among them is
+    then a new rule (the new verdict) or an old rule longer than every new match (the
+    old verdict): a source both configurations deny is never let through. Flags that
+    turn a scope on (``SetConfig``, ``PutVip``) follow the puts; a VIP that moves to a
+    fresh id finds its rules in place.
+    """
+    puts: list[Op] = [
+        PutAcl(k, wanted[k]) for k in sorted_keys(wanted) if current.get(k) != wanted[k]
+    ]
+    dels: list[Op] = [DeleteAcl(k) for k in sorted_keys(current.keys() - wanted.keys())]
+    return puts, dels
 
 
 def beamer_pending(cfg: Config, snap: Snapshot) -> bool:
@@ -384,6 +441,7 @@ def apply_to_snapshot(snap: Snapshot, ops: Iterable[Op]) -> Snapshot:
         tables=dict(snap.tables),
         vip_addrs=dict(snap.vip_addrs),
         config=snap.config,
+        acl=dict(snap.acl),
     )
     for op in ops:
         match op:
@@ -405,4 +463,8 @@ def apply_to_snapshot(snap: Snapshot, ops: Iterable[Op]) -> Snapshot:
                 del out.tables[vip_id]
             case DeleteBackend(bid):
                 out.backends[bid] = replace(out.backends[bid], active=False)
+            case PutAcl(key, action):
+                out.acl[key] = action
+            case DeleteAcl(key):
+                del out.acl[key]
     return out

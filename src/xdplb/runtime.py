@@ -30,6 +30,7 @@ import yaml
 from xdplb import abi, limits, planner
 from xdplb.config import Config, Protocol, VipConfig, XdpModeName, load_config
 from xdplb.control import (
+    AclHits,
     Admin,
     BackendStatus,
     ChangeResult,
@@ -341,6 +342,12 @@ class Runtime:
         ).config
         now = time.monotonic()
         vips = []
+        acl = [_acl_hits("global", counters.acl_hits.get(abi.ACL_GLOBAL, {}))]
+        for vip in self.running.vips:
+            params = snap.vips.get(planner.vip_key(vip))
+            hits = counters.acl_hits.get(params.vip_id, {}) if params is not None else {}
+            if not vip.acl.empty or any(hits.values()):
+                acl.append(_acl_hits(vip.name, hits))
         for vip, vip_w, vip_e in zip(self.running.vips, weighted.vips, eff.vips, strict=True):
             params = snap.vips.get(planner.vip_key(vip))
             table = snap.tables.get(params.vip_id) if params is not None else None
@@ -409,4 +416,14 @@ class Runtime:
             rebuilds=self.rebuilds,
             last_rebuild_ms=self.last_rebuild_ms,
             health_checks=self.health.checks_total,
+            acl=acl,
         )
+
+
+def _acl_hits(scope: str, hits: dict[abi.AclList, int]) -> AclHits:
+    return AclHits(
+        scope=scope,
+        allow=hits.get(abi.AclList.ALLOW, 0),
+        deny=hits.get(abi.AclList.DENY, 0),
+        default=hits.get(abi.AclList.DEFAULT, 0),
+    )

@@ -15,6 +15,7 @@ import numpy as np
 import numpy.typing as npt
 
 from xdplb import abi
+from xdplb.acl import AclKey
 
 IPAddress = abi.IPAddress
 U32Array = npt.NDArray[np.uint32]
@@ -362,3 +363,5 @@ class Snapshot:
     vip_addrs: dict[IPAddress, VipAddrInfo] = field(default_factory=dict)
     #: ``lb_config[0]``.
     config: LbConfig = field(default_factory=lambda: LbConfig(None, None))
+    #: ``lb_acl4`` and ``lb_acl6``: every scope's source prefix rules.
+    acl: dict[AclKey, abi.AclList] = field(default_factory=dict)

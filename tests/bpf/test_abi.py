@@ -49,6 +49,7 @@ ENUMS: dict[type[enum.IntEnum], tuple[str, str, str | None, tuple[str, ...]]] = 
     abi.Family: ("xdplb_family", "XDPLB_FAMILY_", None, ()),
     abi.Encap: ("xdplb_encap", "XDPLB_ENCAP_", None, ()),
     abi.TableKind: ("xdplb_table_kind", "XDPLB_TABLE_", None, ()),
+    abi.AclList: ("xdplb_acl_list", "XDPLB_ACL_", "XDPLB_ACL__MAX", ()),
 }
 
 

@@ -14,7 +14,6 @@ import shutil
 import socket
 import struct
 import subprocess
-import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -203,17 +202,12 @@ def test_hash_map_batches_take_numpy(obj: BpfObject) -> None:
     assert got == {k: 3 * k for k in range(100, 400)}
 
 
-def test_update_array_is_one_fast_batch(obj: BpfObject) -> None:
+def test_update_array_writes_the_whole_array(obj: BpfObject) -> None:
+    """Its speed is bench.py's business (table push); here, what it writes."""
     table = obj.map("bt_table")
     assert table.max_entries == 65537
     values = numpy.arange(65537, dtype=numpy.uint64) * 7
-    best = float("inf")
-    for _ in range(3):  # best of three: the bound is for the call, not for a noisy VM
-        start = time.perf_counter()
-        table.update_array(values)
-        best = min(best, time.perf_counter() - start)
-    print(f"update_array(65537 x u64): {best * 1e3:.2f} ms")
-    assert best < 0.020
+    table.update_array(values)
     assert numpy.array_equal(numpy.frombuffer(table.lookup_array(), numpy.uint64), values)
     assert table.lookup(u32(65536)) == u64(65536 * 7)
     with pytest.raises(ValueError):

@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 
 from xdplb.config import Config, parse_config
 from xdplb.control import (
+    AclHits,
     Admin,
     BackendStatus,
     ChangeResult,
@@ -65,6 +66,8 @@ class FakeController:
     established: dict[str, int | None] = field(default_factory=dict)
     drops: dict[str, int] = field(default_factory=lambda: {"no_backend": 3, "bad_header": 0})
     events: dict[str, int] = field(default_factory=lambda: {"tx": 42})
+    #: ACL hits per scope ("global" or a VIP name): (allow, deny, default).
+    acl_hits: dict[str, tuple[int, int, int]] = field(default_factory=dict)
     replaced: int = 0
     persisted: int = 0
     #: Set to make the next replace_config fail like a bug in the daemon.
@@ -136,6 +139,10 @@ class FakeController:
             rebuilds=self.replaced,
             last_rebuild_ms=1.5,
             health_checks=99,
+            acl=[
+                AclHits(scope=scope, allow=a, deny=d, default=n)
+                for scope, (a, d, n) in self.acl_hits.items()
+            ],
         )
 
     def config(self) -> Config:

@@ -14,10 +14,11 @@ import shutil
 import socket
 import struct
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from xdplb import abi, limits, paths
+from xdplb.acl import AclKey, hits_slot, rule_value
 from xdplb.config import LimitsConfig
 from xdplb.datapath.conns import ConnTable, check_mask
 from xdplb.datapath.links import Link, XdpMode, attach_xdp
@@ -25,11 +26,13 @@ from xdplb.datapath.maps import BPF_F_INNER_MAP, Map, MapType
 from xdplb.datapath.objects import BpfObject, PinnedSizeError
 from xdplb.datapath.programs import Program
 from xdplb.planner import (
+    DeleteAcl,
     DeleteBackend,
     DeleteTable,
     DeleteVip,
     DeleteVipAddr,
     Op,
+    PutAcl,
     PutBackend,
     PutTable,
     PutVip,
@@ -60,6 +63,10 @@ MAP_NAMES = (
     "lb_be_stats",
     "lb_drops",
     "lb_events",
+    "lb_acl4",
+    "lb_acl6",
+    "lb_acl_hits",
+    "lb_rate",
 )
 _U32 = struct.Struct("<I")
 #: The outer map of each table kind (docs/datapath.md): vip ids are unique across both.
@@ -79,6 +86,9 @@ class Counters:
     vips: dict[int, abi.Stats]  # vip id -> stats
     backends: dict[int, abi.Stats]  # backend id -> stats
     conns: int  # entries in the connection table
+    #: ACL hits: scope (vip id or ``abi.ACL_GLOBAL``) -> list -> packets, for the global
+    #: scope and every VIP of the snapshot.
+    acl_hits: dict[int, dict[abi.AclList, int]] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -180,6 +190,10 @@ class LbMaps:
             a = abi.Addr.from_buffer_copy(k)
             info = abi.VipAddrInfo.from_buffer_copy(v)
             snap.vip_addrs[abi.words_addr(a.addr, a.family)] = VipAddrInfo.from_abi(info)
+        for name, version in (("lb_acl4", 4), ("lb_acl6", 6)):
+            for k, v in self[name].items():
+                action = abi.AclList(abi.AclRule.from_buffer_copy(v).action)
+                snap.acl[AclKey.from_abi(k, version)] = action
         raw_cfg = self["lb_config"].lookup(_u32(0))
         if raw_cfg is not None:
             snap.config = LbConfig.from_abi(abi.Config.from_buffer_copy(raw_cfg))
@@ -236,7 +250,23 @@ class LbMaps:
             },
             backends={i: total(self["lb_be_stats"], i, abi.Stats) for i in sorted(snap.backends)},
             conns=conns,
+            acl_hits=self.acl_hits([abi.ACL_GLOBAL, *(p.vip_id for p in snap.vips.values())]),
         )
+
+    def acl_hits(self, scopes: Iterable[int]) -> dict[int, dict[abi.AclList, int]]:
+        """ACL hits per scope (vip id or ``abi.ACL_GLOBAL``) and list, summed over CPUs."""
+        hits = self["lb_acl_hits"]
+        out: dict[int, dict[abi.AclList, int]] = {}
+        for scope in scopes:
+            slot = hits_slot(scope)
+            out[scope] = {
+                lst: sum(
+                    struct.unpack("<Q", raw)[0]
+                    for raw in hits.lookup_percpu(_u32(slot * len(abi.AclList) + lst))
+                )
+                for lst in abi.AclList
+            }
+        return out
 
     # -- writing -------------------------------------------------------------------------
 
@@ -288,6 +318,10 @@ class LbMaps:
                 self["lb_vips"].update(vip.abi_key().pack(), params.abi_value().pack())
             case DeleteVip(vip):
                 self["lb_vips"].delete(vip.abi_key().pack())
+            case PutAcl(key, action):
+                self[key.map_name].update(key.abi_key().pack(), rule_value(action))
+            case DeleteAcl(key):
+                self[key.map_name].delete(key.abi_key().pack())
 
     def fill(self, snap: Snapshot, conns_used: int | None = None) -> list[MapFill]:
         """Entries / max entries of every map sized by ``limits`` that this instance has.
