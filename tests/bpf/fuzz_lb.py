@@ -25,6 +25,7 @@ import concurrent.futures
 import contextlib
 import dataclasses
 import hashlib
+import ipaddress
 import json
 import multiprocessing
 import os
@@ -74,9 +75,31 @@ def differential_state() -> model.DataplaneState:
     return replace(state, config=replace(state.config, flood_max=0))
 
 
+def degraded_state() -> model.DataplaneState:
+    """The differential state gone wrong in the ways the program must survive: backend 2
+    inactive though tables name it (NO_BACKEND), VIP 4's table missing (NO_TABLE), no
+    IPv6 outer source (NO_CONFIG for IPv6 backends), and lb_vip_addrs holding two
+    addresses with no VIP on them (fragments and broken L4 to them are dropped)."""
+    state = differential_state()
+    backends = dict(state.backends)
+    backends[2] = replace(backends[2], active=False)
+    tables = {vid: t for vid, t in state.tables.items() if vid != 4}
+    extra = {ipaddress.ip_address("198.19.1.99"), ipaddress.ip_address("fd78:6470:6c62:1::99")}
+    return replace(
+        state,
+        backends=backends,
+        tables=tables,
+        config=replace(state.config, src6=None),
+        vip_addrs=frozenset({v.addr for v in state.vips} | extra),
+    )
+
+
 #: State id (kept in each corpus case) -> builder.  Add a new id rather than change one
 #: that corpus cases name.
-STATES: dict[str, Callable[[], model.DataplaneState]] = {"differential-v1": differential_state}
+STATES: dict[str, Callable[[], model.DataplaneState]] = {
+    "differential-v1": differential_state,
+    "degraded-v1": degraded_state,
+}
 
 
 # --- comparing one packet ----------------------------------------------------------------------
@@ -216,7 +239,8 @@ class Checker:
         r = self.mlb.run(frame)
         self.result.packets += 1
         action = model.XdpAction(r.retval).name if 0 <= r.retval <= 4 else str(r.retval)
-        self.result.outcomes[f"{d.outcome.value}:{action}"] += 1
+        why = d.drop.name if d.drop is not None else (d.events[0].name if d.events else "")
+        self.result.outcomes[f"{d.outcome.value}:{why}:{action}"] += 1
         problem = compare(self.mlb, frame, d, r)
         if problem is not None:
             self.result.problems.append(self._problem(frame, d, r, problem))
@@ -238,11 +262,12 @@ class Checker:
         )
 
     def _relevant_conns(self, frame: bytes) -> dict[bytes, model.ConnEntry]:
-        """The entries a frame may read: those whose key's addresses occur in it."""
+        """The entries a frame may read: those whose key's addresses both occur in it."""
         out = {}
         for key, entry in self.conns.items():
-            src, dst = key[:16].rstrip(b"\0"), key[16:32].rstrip(b"\0")
-            if src and dst and src in frame and dst in frame:
+            v4 = not any(key[4:16]) and not any(key[20:32])
+            src, dst = (key[:4], key[16:20]) if v4 else (key[:16], key[16:32])
+            if src in frame and dst in frame:
                 out[key] = entry
         return out
 
@@ -418,9 +443,13 @@ def _lab(workers: int) -> Iterator[Lab]:
         subprocess.run(["ip", "netns", "del", name], check=False, capture_output=True)
 
 
-def run_fuzz(packets: int, seed_: int = DEFAULT_SEED, workers: int = 2) -> FuzzReport:
+def run_fuzz(
+    packets: int, seed_: int = DEFAULT_SEED, workers: int = 2, states: tuple[str, ...] = ()
+) -> FuzzReport:
     """``packets`` frames split over ``workers`` processes (spawned: each loads its own
-    lb_xdp), worker i drawing with hypothesis seed ``seed_ + i``."""
+    lb_xdp), worker i drawing with hypothesis seed ``seed_ + i`` against state
+    ``states[i % len(states)]`` (default: every state of :data:`STATES`)."""
+    states = states or tuple(STATES)
     t0 = time.perf_counter()
     gen = _lab(workers)
     lab = next(gen)
@@ -435,6 +464,7 @@ def run_fuzz(packets: int, seed_: int = DEFAULT_SEED, workers: int = 2) -> FuzzR
                 str(lab.pin_roots[i]),
                 share,
                 seed_ + i,
+                states[i % len(states)],
             )
             for i in range(workers)
         ]

@@ -20,7 +20,7 @@ from __future__ import annotations
 import ipaddress
 import random
 import struct
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
 from hypothesis import strategies as st
@@ -28,7 +28,6 @@ from hypothesis import strategies as st
 from xdplb import abi, model
 
 IPAddress = abi.IPAddress
-Draw = Callable[[st.SearchStrategy[object]], object]
 
 TCP, UDP, ICMP, ICMP6 = 6, 17, 1, 58
 IPIP, IPV6 = 4, 41
@@ -49,6 +48,8 @@ class Targets:
     backends: tuple[IPAddress, ...]
     lb_addrs: tuple[IPAddress, ...]
     gue_port: int
+    #: ``lb_vip_addrs`` entries with no VIP on them (a map out of step).
+    extra_addrs: tuple[IPAddress, ...] = ()
 
     @classmethod
     def of(cls, state: model.DataplaneState) -> Targets:
@@ -59,46 +60,49 @@ class Targets:
             tuple(sorted({b.addr for b in state.backends.values()}, key=str)),
             lb,
             cfg.gue_port,
+            tuple(sorted(set(state.vip_addrs or ()) - {v.addr for v in state.vips}, key=str)),
         )
 
     def addrs(self, version: int) -> list[IPAddress]:
-        return [a for a, _, _ in self.vips if a.version == version]
+        """The addresses packets to a VIP go to: every VIP's, and lb_vip_addrs' others."""
+        vips = [a for a, _, _ in self.vips if a.version == version]
+        return vips + [a for a in self.extra_addrs if a.version == version]
 
 
 def _near(addr: IPAddress, delta: int) -> IPAddress:
     top = (1 << addr.max_prefixlen) - 1
-    return ipaddress.ip_address(min(max(int(addr) + delta, 0), top))  # type: ignore[return-value]
+    return ipaddress.ip_address(min(max(int(addr) + delta, 0), top))
 
 
 # --- addresses and ports -----------------------------------------------------------------------
 
 
 @st.composite
-def address(draw: Draw, t: Targets, version: int, *, dst: bool) -> IPAddress:
+def address(draw: st.DrawFn, t: Targets, version: int, *, dst: bool) -> IPAddress:
     """A VIP address (mostly, for destinations), a backend, the LB, a near miss, a client."""
     vips = t.addrs(version) or [CLIENT4 if version == 4 else CLIENT6]
     backs = [a for a in t.backends if a.version == version] or vips
     client = CLIENT4 if version == 4 else CLIENT6
     kind = draw(st.sampled_from(["vip"] * (6 if dst else 1) + ["be", "lb", "near", "client"]))
     if kind == "vip":
-        return draw(st.sampled_from(vips))  # type: ignore[return-value]
+        return draw(st.sampled_from(vips))
     if kind == "be":
-        return draw(st.sampled_from(backs))  # type: ignore[return-value]
+        return draw(st.sampled_from(backs))
     if kind == "lb":
         lb = [a for a in t.lb_addrs if a.version == version]
         return lb[0] if lb else client
     if kind == "near":
         base = draw(st.sampled_from(vips + backs))
-        return _near(base, draw(st.sampled_from([-1, 1, 256, 1 << 16])))  # type: ignore[arg-type]
+        return _near(base, draw(st.sampled_from([-1, 1, 256, 1 << 16])))
     return _near(client, draw(st.integers(0, 1 << 15)))
 
 
 @st.composite
-def port(draw: Draw, t: Targets, proto: int, *, dst: bool) -> int:
+def port(draw: st.DrawFn, t: Targets, proto: int, *, dst: bool) -> int:
     ports = sorted({p for _, p, pr in t.vips if p and pr == proto} | {80, 443, 53})
     if not dst:
-        return draw(st.one_of(st.integers(1024, 65535), st.sampled_from([0, 1, 65535, *ports])))  # type: ignore[return-value]
-    return draw(  # type: ignore[return-value]
+        return draw(st.one_of(st.integers(1024, 65535), st.sampled_from([0, 1, 65535, *ports])))
+    return draw(
         st.one_of(
             st.sampled_from(ports),
             st.sampled_from([p + d for p in ports for d in (-1, 1)]),
@@ -122,7 +126,7 @@ _TCP_FLAGS = [0x02, 0x10, 0x12, 0x18, 0x11, 0x04, 0x14, 0x03, 0x00, 0xFF, 0x42, 
 
 
 @st.composite
-def tcp_options(draw: Draw) -> bytes:
+def tcp_options(draw: st.DrawFn) -> bytes:
     opts = draw(
         st.lists(
             st.one_of(
@@ -144,13 +148,13 @@ def tcp_options(draw: Draw) -> bytes:
             max_size=6,
         )
     )
-    raw = b"".join(opts)[:40]  # type: ignore[arg-type]
+    raw = b"".join(opts)[:40]
     return raw + bytes(-len(raw) % 4)
 
 
 @st.composite
-def tcp(draw: Draw, sport: int, dport: int, payload: bytes) -> bytes:
-    opts: bytes = draw(st.one_of(st.just(b""), tcp_options()))  # type: ignore[assignment]
+def tcp(draw: st.DrawFn, sport: int, dport: int, payload: bytes) -> bytes:
+    opts: bytes = draw(st.one_of(st.just(b""), tcp_options()))
     doff = 5 + len(opts) // 4
     flags = draw(st.sampled_from(_TCP_FLAGS))
     seq = draw(st.sampled_from([0, 1, 2**32 - 1]))
@@ -168,13 +172,13 @@ def _csum(data: bytes) -> int:
 
 
 @st.composite
-def l4(draw: Draw, t: Targets, proto: int, *, to_vip: bool = True) -> tuple[int, int, bytes]:
+def l4(draw: st.DrawFn, t: Targets, proto: int, *, to_vip: bool = True) -> tuple[int, int, bytes]:
     """(sport, dport, header + payload) of TCP or UDP."""
-    payload: bytes = draw(payloads)  # type: ignore[assignment]
-    sport: int = draw(port(t, proto, dst=False))  # type: ignore[assignment]
-    dport: int = draw(port(t, proto, dst=to_vip))  # type: ignore[assignment]
+    payload: bytes = draw(payloads)
+    sport: int = draw(port(t, proto, dst=False))
+    dport: int = draw(port(t, proto, dst=to_vip))
     if proto == TCP:
-        return sport, dport, draw(tcp(sport, dport, payload))  # type: ignore[return-value]
+        return sport, dport, draw(tcp(sport, dport, payload))
     return sport, dport, udp(sport, dport, payload)
 
 
@@ -192,9 +196,9 @@ _IPV4_OPTIONS = st.one_of(
 
 @st.composite
 def ipv4(
-    draw: Draw, src: IPAddress, dst: IPAddress, proto: int, payload: bytes, tos: int = 0
+    draw: st.DrawFn, src: IPAddress, dst: IPAddress, proto: int, payload: bytes, tos: int = 0
 ) -> bytes:
-    opts = b"".join(draw(st.lists(_IPV4_OPTIONS, max_size=4)))[:40]  # type: ignore[arg-type]
+    opts = b"".join(draw(st.lists(_IPV4_OPTIONS, max_size=4)))[:40]
     opts += bytes(-len(opts) % 4)
     ihl = 5 + len(opts) // 4
     # Mostly unfragmented (0 or DF), then MF / offsets / the reserved bit, then anything.
@@ -225,22 +229,22 @@ def ipv4(
 
 
 @st.composite
-def ipv6_ext_chain(draw: Draw) -> list[tuple[int, bytes]]:
+def ipv6_ext_chain(draw: st.DrawFn) -> list[tuple[int, bytes]]:
     """(type, body after next-header/length) of each extension header, in order."""
     chain = []
-    for kind in draw(st.lists(st.sampled_from(EXT_HEADERS), max_size=4)):  # type: ignore[union-attr]
+    for kind in draw(st.lists(st.sampled_from(EXT_HEADERS), max_size=4)):
         if kind == FRAGMENT:
             off = draw(st.sampled_from([0, 1, 100, 0x1FFF]))
             m = draw(st.booleans())
             body = struct.pack("!BHI", 0, (off << 3) | int(m), draw(st.integers(0, 2**32 - 1)))
         elif kind == ROUTING:
             n = draw(st.integers(0, 2))
-            body = bytes((draw(st.sampled_from([0, 2, 3, 4])), n)) + bytes(4 + 16 * n)  # type: ignore[arg-type]
+            body = bytes((draw(st.sampled_from([0, 2, 3, 4])), n)) + bytes(4 + 16 * n)
         else:
             n = draw(st.integers(0, 2))
             body = b"\x01" + bytes((4 + 8 * n,)) + bytes(4 + 8 * n)  # PadN filling it
         chain.append((kind, body))
-    return chain  # type: ignore[return-value]
+    return chain
 
 
 def ipv6(
@@ -268,42 +272,42 @@ def ipv6(
 
 
 def ip(
-    draw: Draw, src: IPAddress, dst: IPAddress, proto: int, payload: bytes, tos: int = 0
+    draw: st.DrawFn, src: IPAddress, dst: IPAddress, proto: int, payload: bytes, tos: int = 0
 ) -> bytes:
     if src.version == 4:
-        return draw(ipv4(src, dst, proto, payload, tos))  # type: ignore[return-value]
+        return draw(ipv4(src, dst, proto, payload, tos))
     chain = draw(st.one_of(st.just([]), ipv6_ext_chain()))
     hlim = draw(st.sampled_from([64, 0, 1, 255]))
-    return ipv6(src, dst, proto, payload, chain, tos, hlim)  # type: ignore[arg-type]
+    return ipv6(src, dst, proto, payload, chain, tos, hlim)
 
 
 # --- whole packets -----------------------------------------------------------------------------
 
 
 @st.composite
-def flow_packet(draw: Draw, t: Targets, version: int) -> bytes:
+def flow_packet(draw: st.DrawFn, t: Targets, version: int) -> bytes:
     """An IP packet of TCP or UDP: mostly to a VIP's exact (address, port, protocol)
     (any port for a wildcard), else to anything the strategies aim at."""
     vips = [v for v in t.vips if v[0].version == version]
     src = draw(address(t, version, dst=False))
     if vips and draw(st.integers(0, 9)) < 7:
-        dst, dport, proto = draw(st.sampled_from(vips))  # type: ignore[misc]
+        dst, dport, proto = draw(st.sampled_from(vips))
         dport = dport or draw(port(t, proto, dst=True))
         sport = draw(port(t, proto, dst=False))
-        payload: bytes = draw(payloads)  # type: ignore[assignment]
+        payload: bytes = draw(payloads)
         seg: bytes = (
             draw(tcp(sport, dport, payload)) if proto == TCP else udp(sport, dport, payload)
-        )  # type: ignore[assignment]
+        )
     else:
         proto = draw(st.sampled_from([TCP, UDP]))
         dst = draw(address(t, version, dst=True))
-        _, _, seg = draw(l4(t, proto))  # type: ignore[misc]
+        _, _, seg = draw(l4(t, proto))
     tos = draw(st.sampled_from([0, 0xB8, 0x03, 0xFF]))
-    return ip(draw, src, dst, proto, seg, tos)  # type: ignore[arg-type]
+    return ip(draw, src, dst, proto, seg, tos)
 
 
 @st.composite
-def quoted(draw: Draw, t: Targets, version: int) -> tuple[bytes, IPAddress]:
+def quoted(draw: st.DrawFn, t: Targets, version: int) -> tuple[bytes, IPAddress]:
     """The packet an ICMP error quotes, and who it came back to (the client).
 
     Mostly a VIP flow reversed: what a VIP's backend sent to the client (VIP:port ->
@@ -314,7 +318,7 @@ def quoted(draw: Draw, t: Targets, version: int) -> tuple[bytes, IPAddress]:
     vips = [v for v in t.vips if v[0].version == version and v[2] == proto] or [
         v for v in t.vips if v[0].version == version
     ]
-    vip, vport, _ = draw(st.sampled_from(vips)) if vips else (CLIENT4, 80, TCP)  # type: ignore[misc]
+    vip, vport, _ = draw(st.sampled_from(vips)) if vips else (CLIENT4, 80, TCP)
     vport = vport or draw(st.integers(1, 65535))
     client = draw(address(t, version, dst=False))
     cport = draw(st.integers(1024, 65535))
@@ -329,13 +333,13 @@ def quoted(draw: Draw, t: Targets, version: int) -> tuple[bytes, IPAddress]:
     if proto == TCP:
         seg = draw(tcp(sport, dport, b""))
     elif proto == UDP:
-        seg = udp(sport, dport, draw(st.binary(max_size=8)))  # type: ignore[arg-type]
+        seg = udp(sport, dport, draw(st.binary(max_size=8)))
     else:
         seg = struct.pack("!BBHHH", 8 if version == 4 else 128, 0, 0, 1, 1)
-    inner: bytes = ip(draw, src, dst, proto, seg)  # type: ignore[arg-type, assignment]
+    inner: bytes = ip(draw, src, dst, proto, seg)
     # Routers quote at least the IP header and 8 bytes (RFC 792), often more.
     keep = draw(st.one_of(st.just(len(inner)), st.integers(0, len(inner))))
-    return inner[:keep], (dst if how != "forward" else src)  # type: ignore[return-value]
+    return inner[:keep], (dst if how != "forward" else src)
 
 
 _ICMP4_TYPES = [(3, 4), (3, 3), (3, 1), (3, 0), (11, 0), (11, 1), (8, 0), (0, 0), (5, 1), (12, 0)]
@@ -343,10 +347,10 @@ _ICMP6_TYPES = [(2, 0), (1, 4), (1, 0), (3, 0), (3, 1), (128, 0), (129, 0), (4, 
 
 
 @st.composite
-def icmp_packet(draw: Draw, t: Targets, version: int) -> bytes:
+def icmp_packet(draw: st.DrawFn, t: Targets, version: int) -> bytes:
     """ICMP / ICMPv6: errors quoting a packet (frag needed / packet too big carry an
     MTU), or echo; sent to the client whose flow it quotes, or to a VIP."""
-    kind, code = draw(  # type: ignore[misc]
+    kind, code = draw(
         st.one_of(
             st.sampled_from(_ICMP4_TYPES if version == 4 else _ICMP6_TYPES),
             st.tuples(st.integers(0, 255), st.integers(0, 255)),
@@ -355,10 +359,10 @@ def icmp_packet(draw: Draw, t: Targets, version: int) -> bytes:
     body: bytes
     to: IPAddress
     if kind in (8, 0, 128, 129):  # echo: identifier, sequence, data
-        body = struct.pack("!HH", draw(st.integers(0, 65535)), 1) + draw(st.binary(max_size=24))  # type: ignore[operator]
-        to = draw(address(t, version, dst=True))  # type: ignore[assignment]
+        body = struct.pack("!HH", draw(st.integers(0, 65535)), 1) + draw(st.binary(max_size=24))
+        to = draw(address(t, version, dst=True))
     else:
-        inner, client = draw(quoted(t, version))  # type: ignore[misc]
+        inner, client = draw(quoted(t, version))
         mtu = draw(st.sampled_from([0, 68, 576, 1280, 1400, 1500, 9000, 65535]))
         rest = struct.pack("!I", mtu) if version == 6 else struct.pack("!HH", 0, mtu & 0xFFFF)
         body = rest + inner
@@ -367,12 +371,12 @@ def icmp_packet(draw: Draw, t: Targets, version: int) -> bytes:
         # reply... to the LB's VIP); sometimes elsewhere.
         to = draw(
             st.one_of(st.just(_quoted_src(inner, version, client)), address(t, version, dst=True))
-        )  # type: ignore[assignment]
+        )
     hdr = struct.pack("!BBH", kind, code, 0) + body
     csum = _csum(hdr) if draw(st.booleans()) else draw(st.integers(0, 0xFFFF))
     pkt = hdr[:2] + struct.pack("!H", csum) + hdr[4:]
     src = draw(address(t, version, dst=False))
-    return ip(draw, src, to, ICMP if version == 4 else ICMP6, pkt)  # type: ignore[arg-type, return-value]
+    return ip(draw, src, to, ICMP if version == 4 else ICMP6, pkt)
 
 
 def _quoted_src(inner: bytes, version: int, fallback: IPAddress) -> IPAddress:
@@ -385,32 +389,32 @@ def _quoted_src(inner: bytes, version: int, fallback: IPAddress) -> IPAddress:
 
 
 @st.composite
-def tunnel_packet(draw: Draw, t: Targets, version: int) -> bytes:
+def tunnel_packet(draw: st.DrawFn, t: Targets, version: int) -> bytes:
     """A whole inner packet wrapped in GUE (glb-director hop list) or IPIP, as lb_xdp's
     own output looks, sent to a VIP, a backend or the LB."""
     inner_v = draw(st.sampled_from([4, 6]))
-    inner: bytes = draw(flow_packet(t, inner_v))  # type: ignore[assignment]
+    inner: bytes = draw(flow_packet(t, inner_v))
     src = draw(address(t, version, dst=False))
     dst = draw(address(t, version, dst=True))
     if draw(st.booleans()):
-        return ip(draw, src, dst, IPIP if inner_v == 4 else IPV6, inner)  # type: ignore[arg-type]
+        return ip(draw, src, dst, IPIP if inner_v == 4 else IPV6, inner)
     hops = draw(st.lists(address(t, version, dst=False), min_size=1, max_size=abi.MAX_HOPS))
     w = 1 if version == 4 else 4
-    hlen = draw(st.one_of(st.just(1 + len(hops) * w), st.integers(0, 31)))  # type: ignore[arg-type]
+    hlen = draw(st.one_of(st.just(1 + len(hops) * w), st.integers(0, 31)))
     gue = bytes((hlen, IPIP if inner_v == 4 else IPV6, 0, 0))
-    gue += struct.pack("!HBB", 0, draw(st.integers(0, len(hops))), len(hops))  # type: ignore[arg-type]
-    gue += b"".join(h.packed for h in hops)  # type: ignore[union-attr]
+    gue += struct.pack("!HBB", 0, draw(st.integers(0, len(hops))), len(hops))
+    gue += b"".join(h.packed for h in hops)
     sport = draw(st.integers(0x8000, 0xFFFF))
     dport = draw(st.one_of(st.just(t.gue_port), port(t, UDP, dst=True)))
-    return ip(draw, src, dst, UDP, udp(sport, dport, gue + inner))  # type: ignore[arg-type]
+    return ip(draw, src, dst, UDP, udp(sport, dport, gue + inner))
 
 
 @st.composite
-def ip_packet(draw: Draw, t: Targets) -> bytes:
+def ip_packet(draw: st.DrawFn, t: Targets) -> bytes:
     version = draw(st.sampled_from([4, 6]))
     kind = draw(st.sampled_from(["flow"] * 4 + ["icmp"] * 2 + ["tunnel"]))
-    make = {"flow": flow_packet, "icmp": icmp_packet, "tunnel": tunnel_packet}[kind]  # type: ignore[index]
-    return draw(make(t, version))  # type: ignore[return-value]
+    make = {"flow": flow_packet, "icmp": icmp_packet, "tunnel": tunnel_packet}[kind]
+    return draw(make(t, version))
 
 
 #: TPIDs in front of the EtherType: mostly none or one tag, sometimes two, or an odd one.
@@ -419,18 +423,18 @@ _TAGS += [b"\x88\xa8\x81\x00", b"\x81\x00\x81\x00", b"\x91\x00"]
 
 
 @st.composite
-def ethernet(draw: Draw, packet: bytes) -> bytes:
+def ethernet(draw: st.DrawFn, packet: bytes) -> bytes:
     """Ethernet, untagged or with tags (each tag a TPID from the list and a VLAN id)."""
     version = packet[0] >> 4 if packet else 4
     right = model.ETH_P_IP if version == 4 else model.ETH_P_IPV6
     ethertype = draw(
         st.sampled_from([right] * 28 + [model.ETH_P_IP, model.ETH_P_IPV6, 0x0806, 0x8847])
     )
-    tags: bytes = draw(st.sampled_from(_TAGS))  # type: ignore[assignment]
-    vid = draw(st.integers(0, 0xFFFF)).to_bytes(2, "big")  # type: ignore[attr-defined]
+    tags: bytes = draw(st.sampled_from(_TAGS))
+    vid = draw(st.integers(0, 0xFFFF)).to_bytes(2, "big")
     tagged = b"".join(tags[i : i + 2] + vid for i in range(0, len(tags), 2))
     pad = draw(st.sampled_from([b"", b"", b"", b"\x00" * 6, b"\xee" * 17]))
-    return model.MAC_DST + model.MAC_SRC + tagged + ethertype.to_bytes(2, "big") + packet + pad  # type: ignore[attr-defined, operator]
+    return model.MAC_DST + model.MAC_SRC + tagged + ethertype.to_bytes(2, "big") + packet + pad
 
 
 @dataclass(frozen=True)
