@@ -151,6 +151,9 @@ class WorkerResult:
     seconds: float = 0.0
     problems: list[Problem] = field(default_factory=list)
     outcomes: Counter[str] = field(default_factory=Counter)
+    #: The first frame of each outcome (state, model decision, program action), as a
+    #: case: seeds for the corpus, which then replays every outcome the fuzz reached.
+    samples: dict[str, Problem] = field(default_factory=dict)
 
 
 class Checker:
@@ -240,8 +243,12 @@ class Checker:
         self.result.packets += 1
         action = model.XdpAction(r.retval).name if 0 <= r.retval <= 4 else str(r.retval)
         why = d.drop.name if d.drop is not None else (d.events[0].name if d.events else "")
-        self.result.outcomes[f"{d.outcome.value}:{why}:{action}"] += 1
+        outcome = f"{d.outcome.value}:{why}:{action}"
+        self.result.outcomes[outcome] += 1
         problem = compare(self.mlb, frame, d, r)
+        if problem is None and f"{self.state_id}:{outcome}" not in self.result.samples:
+            sample = self._problem(frame, d, r, f"seed: {outcome} (not a disagreement)")
+            self.result.samples[f"{self.state_id}:{outcome}"] = sample
         if problem is not None:
             self.result.problems.append(self._problem(frame, d, r, problem))
         self._chunk.append(frame)
@@ -408,6 +415,7 @@ class FuzzReport:
     workers: int
     problems: list[Problem]
     outcomes: Counter[str]
+    samples: dict[str, Problem] = field(default_factory=dict)
 
     @property
     def rate(self) -> float:
@@ -474,8 +482,10 @@ def run_fuzz(
     finally:
         gen.close()
     outcomes: Counter[str] = Counter()
+    samples: dict[str, Problem] = {}
     for r in results:
         outcomes.update(r.outcomes)
+        samples = r.samples | samples
     return FuzzReport(
         sum(r.packets for r in results),
         sum(r.examples for r in results),
@@ -484,21 +494,23 @@ def run_fuzz(
         workers,
         [p for r in results for p in r.problems],
         outcomes,
+        samples,
     )
 
 
 # --- the corpus -------------------------------------------------------------------------------
 
 
-def case_name(problem: Problem) -> str:
-    digest = hashlib.sha256(bytes.fromhex(problem.frame) + problem.state.encode()).hexdigest()
-    return f"{problem.state}-{digest[:16]}.json"
+def case_name(problem: Problem, prefix: str = "") -> str:
+    what = json.dumps([problem.frame, problem.state, problem.conns]).encode()
+    digest = hashlib.sha256(what).hexdigest()
+    return f"{prefix}{problem.state}-{digest[:16]}.json"
 
 
-def write_case(problem: Problem, corpus: Path = CORPUS, note: str = "") -> Path:
-    """Keep a disagreement as tests/bpf/corpus/<state>-<hash>.json (one per frame)."""
+def write_case(problem: Problem, corpus: Path = CORPUS, note: str = "", prefix: str = "") -> Path:
+    """Keep a case as tests/bpf/corpus/[prefix]<state>-<hash>.json (one per frame)."""
     corpus.mkdir(parents=True, exist_ok=True)
-    path = corpus / case_name(problem)
+    path = corpus / case_name(problem, prefix)
     doc = dataclasses.asdict(problem) | {"note": note}
     path.write_text(json.dumps(doc, indent=1) + "\n")
     return path
@@ -529,3 +541,29 @@ def replay(mlb: ModelLb, case: Problem) -> str | None:
     checker.end_chunk()
     problems = checker.result.problems
     return None if not problems else "\n".join(p.detail for p in problems)
+
+
+def main() -> None:
+    """``python tests/bpf/fuzz_lb.py --packets N [--seed S] [--write-seeds]``: a run
+    outside pytest; --write-seeds keeps one frame per outcome reached as corpus seeds."""
+    import argparse
+
+    ap = argparse.ArgumentParser(description=main.__doc__)
+    ap.add_argument("--packets", type=int, default=100_000)
+    ap.add_argument("--seed", type=lambda v: int(v, 0), default=DEFAULT_SEED)
+    ap.add_argument("--workers", type=int, default=2)
+    ap.add_argument("--write-seeds", action="store_true")
+    args = ap.parse_args()
+    report = run_fuzz(args.packets, args.seed, args.workers)
+    print(report.summary())
+    note = f"fuzz seed {args.seed:#x}"
+    for p in report.problems:
+        print(f"disagreement kept in {write_case(p, note=note)}: {p.detail}")
+    if args.write_seeds:
+        for p in report.samples.values():
+            write_case(p, note=note, prefix="seed-")
+        print(f"{len(report.samples)} seeds kept in {CORPUS}")
+
+
+if __name__ == "__main__":
+    main()
