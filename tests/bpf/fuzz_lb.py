@@ -15,6 +15,9 @@ Nothing here knows what the program should do with a given packet: it asks the m
 So when the model and the program learn something new (ICMP, fragments, ACLs), the
 fuzz checks the new behaviour with no change here.
 
+host_tc gets what lb_xdp sends to a backend (it must decapsulate it to the client's
+packet, byte for byte) and every fourth fuzz frame as it is (robustness).
+
 Disagreements come back as :class:`Problem`; :func:`write_case` keeps each one as a
 small JSON file in tests/bpf/corpus/, which test_fuzz.py replays on every run.
 """
@@ -24,12 +27,15 @@ from __future__ import annotations
 import concurrent.futures
 import contextlib
 import dataclasses
+import errno
 import hashlib
 import ipaddress
 import json
 import multiprocessing
 import os
 import shutil
+import socket
+import struct
 import subprocess
 import time
 from collections import Counter
@@ -46,6 +52,7 @@ from test_differential import (
     check_forward,
     drop_deltas,
     event_deltas,
+    hexdiff,
     make_state,
     read_stats,
     stats_deltas,
@@ -56,6 +63,7 @@ from xdplb import abi, hashing, model, paths
 from xdplb.datapath import BPF_F_LOCK, BpfObject
 from xdplb.datapath.conns import SET_DTYPE, ConnTable
 from xdplb.datapath.testrun import TestRunResult
+from xdplb.errors import BpfError
 from xdplb.lab import netns
 
 CORPUS = Path(__file__).parent / "corpus"
@@ -127,6 +135,65 @@ def compare(mlb: ModelLb, frame: bytes, d: model.Decision, r: TestRunResult) -> 
     return None
 
 
+# --- host_tc: the other end of the tunnel ----------------------------------------------------
+
+TC_ACT_OK, TC_ACT_SHOT, TC_ACT_REDIRECT = 0, 2, 7
+HOST_EVERY = 4  # host_tc also sees every HOST_EVERY-th fuzz frame as it is
+
+
+def load_host(pin_root: str, state: model.DataplaneState) -> BpfObject:
+    """host_tc for every backend address of ``state`` at once (one object plays every
+    backend host), with the state's GUE port."""
+    obj = BpfObject.load(paths.bpf_object("host_tc"), pin_root=Path(pin_root) / "host")
+    cfg = abi.HostConfig(gue_port=socket.htons(state.config.gue_port))
+    obj.map("host_config").update(struct.pack("<I", 0), cfg.pack())
+    for be in state.backends.values():
+        obj.map("host_addrs").update(abi.Addr.make(be.addr).pack(), struct.pack("<I", 1))
+    return obj
+
+
+def host_round_trip(
+    host: BpfObject, frame: bytes, d: model.Decision, r: TestRunResult
+) -> str | None:
+    """What lb_xdp sent to a backend, through host_tc: the client's IP packet comes out,
+    byte for byte (with the frame's Ethernet padding), behind the same MAC addresses.
+
+    Checked where host_tc decides without sockets or routes: one hop, or not a TCP
+    packet of an open connection (SYN, UDP); else host_tc may chain to a later hop."""
+    assert d.flow is not None
+    inner = frame[fs.l3_offset(frame) :]
+    if len(d.hops) > 1 and d.flow.proto == model.IPPROTO_TCP:
+        l4 = (inner[0] & 0xF) * 4 if inner[0] >> 4 == 4 else 40
+        if inner[l4 + 13] & 0x12 != 0x02:  # not a SYN: host_tc asks its sockets
+            return None
+    h = host.program("host_tc").test_run(r.data)
+    ethertype = b"\x08\x00" if inner[0] >> 4 == 4 else b"\x86\xdd"
+    want = r.data[:12] + ethertype + inner
+    if h.retval != TC_ACT_OK or h.data != want:
+        return f"host_tc round trip: retval {h.retval}, {hexdiff(want, h.data)}"
+    return None
+
+
+def host_robust(host: BpfObject, frame: bytes) -> str | None:
+    """Any frame through host_tc: a verdict it may give, and a changed frame only as a
+    decapsulation (the inner bytes a suffix of the input's, the MACs kept).
+
+    BPF_PROG_TEST_RUN builds no skb from an IPv4 / IPv6 frame shorter than its IP header
+    (EINVAL before the program runs): those frames are not host_tc's to see."""
+    try:
+        h = host.program("host_tc").test_run(frame)
+    except BpfError as e:
+        if e.errno == errno.EINVAL and len(frame) < 14 + 40:
+            return None
+        raise
+    if h.retval not in (TC_ACT_OK, TC_ACT_SHOT, TC_ACT_REDIRECT):
+        return f"host_tc returned {h.retval}"
+    changed = h.retval == TC_ACT_OK and h.data != frame
+    if changed and (h.data[:12] != frame[:12] or not frame[14:].endswith(h.data[14:])):
+        return f"host_tc changed a frame it accepted: {h.data.hex()}"
+    return None
+
+
 @dataclass
 class Problem:
     """One disagreement: a frame, the connection-table entries it ran against, what the
@@ -151,6 +218,8 @@ class WorkerResult:
     seconds: float = 0.0
     problems: list[Problem] = field(default_factory=list)
     outcomes: Counter[str] = field(default_factory=Counter)
+    #: Frames run through host_tc (round trips of lb_xdp's output, and fuzz frames).
+    host_runs: int = 0
     #: The first frame of each outcome (state, model decision, program action), as a
     #: case: seeds for the corpus, which then replays every outcome the fuzz reached.
     samples: dict[str, Problem] = field(default_factory=dict)
@@ -159,8 +228,9 @@ class WorkerResult:
 class Checker:
     """One lb_xdp and the model in step: runs frames, compares, keeps the tables equal."""
 
-    def __init__(self, mlb: ModelLb, state_id: str) -> None:
+    def __init__(self, mlb: ModelLb, state_id: str, host: BpfObject | None = None) -> None:
         self.mlb = mlb
+        self.host = host
         self.state_id = state_id
         self.conns: dict[bytes, model.ConnEntry] = {}
         self.state = replace(STATES[state_id](), conns=self.conns)
@@ -246,6 +316,8 @@ class Checker:
         outcome = f"{d.outcome.value}:{why}:{action}"
         self.result.outcomes[outcome] += 1
         problem = compare(self.mlb, frame, d, r)
+        if self.host is not None:
+            problem = problem or self._host_checks(frame, d, r)
         if problem is None and f"{self.state_id}:{outcome}" not in self.result.samples:
             sample = self._problem(frame, d, r, f"seed: {outcome} (not a disagreement)")
             self.result.samples[f"{self.state_id}:{outcome}"] = sample
@@ -261,6 +333,17 @@ class Checker:
             self._touched.add(self._set_of(d.flow.key()))
         if len(self._chunk) >= CHUNK:
             self.end_chunk()
+
+    def _host_checks(self, frame: bytes, d: model.Decision, r: TestRunResult) -> str | None:
+        assert self.host is not None
+        problem = None
+        if d.outcome is model.Outcome.FORWARD and r.retval == model.XdpAction.TX:
+            self.result.host_runs += 1
+            problem = host_round_trip(self.host, frame, d, r)
+        if problem is None and self.result.packets % HOST_EVERY == 0:
+            self.result.host_runs += 1
+            problem = host_robust(self.host, frame)
+        return problem
 
     def _problem(self, frame: bytes, d: model.Decision, r: TestRunResult, detail: str) -> Problem:
         conns = [(k.hex(), e.backend_id, e.hash) for k, e in self._relevant_conns(frame).items()]
@@ -369,8 +452,10 @@ def worker(args: WorkerArgs) -> WorkerResult:
     with netns.enter(args.ns):
         obj = BpfObject.load(paths.bpf_object("lb_xdp"), pin_root=args.pin_root)
         mlb = ModelLb(obj, args.ifindex, bytes.fromhex(args.mac.replace(":", "")), [])
+        host: BpfObject | None = None
         try:
-            checker = Checker(mlb, args.state)
+            host = load_host(args.pin_root, STATES[args.state]())
+            checker = Checker(mlb, args.state, host)
             res = checker.result
             targets = fs.Targets.of(checker.state)
 
@@ -399,6 +484,8 @@ def worker(args: WorkerArgs) -> WorkerResult:
             for inner in mlb.inner_maps:
                 inner.close()
             obj.close()
+            if host is not None:
+                host.close()
     res.seconds = time.perf_counter() - t0
     return res
 
@@ -416,6 +503,7 @@ class FuzzReport:
     problems: list[Problem]
     outcomes: Counter[str]
     samples: dict[str, Problem] = field(default_factory=dict)
+    host_runs: int = 0
 
     @property
     def rate(self) -> float:
@@ -425,6 +513,7 @@ class FuzzReport:
         return (
             f"fuzz seed {self.seed:#x}: {self.packets} packets from {self.examples} examples "
             f"in {self.seconds:.1f} s ({self.rate:,.0f} packets/s, {self.workers} workers), "
+            f"{self.host_runs} host_tc runs, "
             f"{len(self.problems)} disagreements; outcomes {dict(sorted(self.outcomes.items()))}"
         )
 
@@ -495,6 +584,7 @@ def run_fuzz(
         [p for r in results for p in r.problems],
         outcomes,
         samples,
+        sum(r.host_runs for r in results),
     )
 
 

@@ -6,7 +6,10 @@
   (tests/bpf/fuzz_strategies.py) and expanded into truncations and corruptions, through
   BPF_PROG_TEST_RUN in two worker processes, each with its own lb_xdp, compared with the
   model packet by packet (verdict, backend, bytes) and chunk by chunk (counters, the
-  connection table).  Each disagreement is written to the corpus before the test fails.
+  connection table).  What lb_xdp sends to a backend also goes through host_tc, which
+  must hand back the client's packet byte for byte, and a share of the raw fuzz frames
+  goes through host_tc too (a verdict it may give; a changed frame only as a
+  decapsulation).  Each disagreement is written to the corpus before the test fails.
   The run is reproducible: FUZZ_SEED (printed) fixes hypothesis' draws.
 
 ``make fuzz FUZZ_PACKETS=...`` runs only the fuzz, with any count.
@@ -97,6 +100,7 @@ def test_fuzz() -> None:
             f"{len(report.problems)} disagreements (seed {FUZZ_SEED:#x}), "
             f"{len(written)} kept in {CORPUS}: {written}\nfirst ones:\n{first}"
         )
+    assert report.host_runs >= FUZZ_PACKETS // 8
     # The frames reached every kind of verdict, forwarding included.
     kinds = {k.split(":")[0] for k in report.outcomes}
     assert {"pass", "drop", "forward"} <= kinds, report.outcomes
