@@ -228,9 +228,18 @@ class WorkerResult:
 class Checker:
     """One lb_xdp and the model in step: runs frames, compares, keeps the tables equal."""
 
-    def __init__(self, mlb: ModelLb, state_id: str, host: BpfObject | None = None) -> None:
+    def __init__(
+        self,
+        mlb: ModelLb,
+        state_id: str,
+        host: BpfObject | None = None,
+        host_every: int = HOST_EVERY,
+    ) -> None:
         self.mlb = mlb
+        #: host_tc, which gets every frame lb_xdp sends to a backend, and every
+        #: ``host_every``-th fuzz frame.
         self.host = host
+        self.host_every = host_every
         self.state_id = state_id
         self.conns: dict[bytes, model.ConnEntry] = {}
         self.state = replace(STATES[state_id](), conns=self.conns)
@@ -340,7 +349,7 @@ class Checker:
         if d.outcome is model.Outcome.FORWARD and r.retval == model.XdpAction.TX:
             self.result.host_runs += 1
             problem = host_round_trip(self.host, frame, d, r)
-        if problem is None and self.result.packets % HOST_EVERY == 0:
+        if problem is None and self.result.packets % self.host_every == 0:
             self.result.host_runs += 1
             problem = host_robust(self.host, frame)
         return problem
@@ -383,9 +392,9 @@ class Checker:
         """Replay a chunk packet by packet from an empty table, counters read around each."""
         self._flush()
         for frame in frames:
-            if (d0 := model.decide(self.state, frame)).flow is not None:
-                self._touched.add(self._set_of(d0.flow.key()))
             d = model.decide(self.state, frame)
+            if d.flow is not None:
+                self._touched.add(self._set_of(d.flow.key()))
             ev0, dr0, st0 = self._read_counters()
             r = self.mlb.run(frame)
             ev, dr, st = self._read_counters()
@@ -408,7 +417,7 @@ class Checker:
                 self.conns[d.conn_insert[0]] = d.conn_insert[1]
 
     def _report_table_difference(self, table: dict[bytes, model.ConnEntry]) -> None:
-        keys = set(table) ^ {k for k in self.conns}
+        keys = set(table) ^ set(self.conns)
         keys |= {k for k in table if k in self.conns and table[k] != self.conns[k]}
         for key in sorted(keys)[:4]:
             frame = next(
@@ -616,10 +625,11 @@ def load_cases(corpus: Path = CORPUS) -> list[tuple[str, Problem]]:
     return out
 
 
-def replay(mlb: ModelLb, case: Problem) -> str | None:
+def replay(mlb: ModelLb, case: Problem, host: BpfObject | None = None) -> str | None:
     """One corpus case on an empty table plus its recorded entries: None if the program
-    and today's model agree on it (verdict, bytes, counters)."""
-    checker = Checker(mlb, case.state)
+    and today's model agree on it (verdict, bytes, counters, table; with ``host``, the
+    host_tc checks too)."""
+    checker = Checker(mlb, case.state, host, host_every=1)
     table = ConnTable(mlb.obj.map("lb_conns"))
     for key_hex, backend, hash_ in case.conns:
         key = bytes.fromhex(key_hex)

@@ -20,14 +20,19 @@ from __future__ import annotations
 import dataclasses
 import ipaddress
 import os
+import shutil
+from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 from fuzz_lb import (
     CORPUS,
     DEFAULT_SEED,
+    STATES,
     Checker,
     Problem,
     load_cases,
+    load_host,
     replay,
     run_fuzz,
     write_case,
@@ -35,6 +40,7 @@ from fuzz_lb import (
 from test_differential import ModelLb, mlb
 
 from xdplb import abi, model
+from xdplb.datapath import BpfObject
 
 pytestmark = pytest.mark.bpf
 
@@ -47,11 +53,25 @@ FUZZ_WORKERS = int(os.environ.get("FUZZ_WORKERS", "2"))
 MAX_CASES = 64
 
 
-def test_corpus_replays(mlb: ModelLb) -> None:
+@pytest.fixture(scope="module")
+def host(mlb: ModelLb) -> Iterator[BpfObject]:
+    """host_tc for the replays, configured for the states' backends."""
+    root = Path(f"/sys/fs/bpf/xdplbt-{os.getpid()}-fuzz-host")
+    try:
+        obj = load_host(str(root), STATES["differential-v1"]())
+        try:
+            yield obj
+        finally:
+            obj.close()
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+
+
+def test_corpus_replays(mlb: ModelLb, host: BpfObject) -> None:
     cases = load_cases()
     failed = []
     for name, case in cases:
-        problem = replay(mlb, case)
+        problem = replay(mlb, case, host)
         if problem is not None:
             failed.append(f"{name}: the model said then: {case.expected}\n  now: {problem}")
     print(f"{len(cases)} corpus cases replayed")
