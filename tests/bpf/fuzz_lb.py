@@ -159,13 +159,14 @@ def host_round_trip(
     byte for byte (with the frame's Ethernet padding), behind the same MAC addresses.
 
     Checked where host_tc decides without sockets or routes: one hop, or not a TCP
-    packet of an open connection (SYN, UDP); else host_tc may chain to a later hop."""
-    assert d.flow is not None
+    segment of an open connection (a SYN, UDP, ICMP); else host_tc may chain to a
+    later hop."""
     inner = frame[fs.l3_offset(frame) :]
-    if len(d.hops) > 1 and d.flow.proto == model.IPPROTO_TCP:
-        l4 = (inner[0] & 0xF) * 4 if inner[0] >> 4 == 4 else 40
-        if inner[l4 + 13] & 0x12 != 0x02:  # not a SYN: host_tc asks its sockets
-            return None
+    v4 = inner[0] >> 4 == 4
+    l4, proto = ((inner[0] & 0xF) * 4, inner[9]) if v4 else (40, inner[6])
+    tcp = proto == model.IPPROTO_TCP and len(inner) >= l4 + 20
+    if len(d.hops) > 1 and tcp and inner[l4 + 13] & 0x12 != 0x02:
+        return None  # a TCP segment, not a SYN, and later hops: host_tc asks its sockets
     h = host.program("host_tc").test_run(r.data)
     ethertype = b"\x08\x00" if inner[0] >> 4 == 4 else b"\x86\xdd"
     want = r.data[:12] + ethertype + inner
