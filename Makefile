@@ -15,7 +15,7 @@ BPF_HDRS   := $(wildcard bpf/include/*.h bpf/lib/*.h)
 CFFI_MODS  := src/xdplb/datapath/libbpf_build.py src/xdplb/maglev_build.py
 PYTEST     := $(PY) -m pytest -q
 
-.PHONY: all deps build test test-unit test-bpf test-e2e demo bench soak lint clean
+.PHONY: all deps build test test-unit test-bpf test-e2e fuzz demo bench soak lint clean
 
 all: build
 
@@ -55,6 +55,11 @@ test-bpf: build
 
 test-e2e: build
 	$(PYTEST) -m e2e tests
+
+# The lb_xdp fuzz alone (also part of `make test`, at 10^6 packets): FUZZ_PACKETS, FUZZ_SEED.
+FUZZ_PACKETS ?= 1000000
+fuzz: build
+	FUZZ_PACKETS=$(FUZZ_PACKETS) $(PYTEST) -s tests/bpf/test_fuzz.py
 
 demo: build
 	$(PY) -m xdplb.demo
