@@ -140,6 +140,14 @@ def transfer(lab: Lab, vip: str, src_port: int, wait: float) -> Transfer:
         sock.close()
 
 
+def wait_gone(lab: Lab, backend: str, client_port: int, timeout: float = 5.0) -> None:
+    """Until ``backend`` has no socket of the connection from ``client_port``."""
+    deadline = time.monotonic() + timeout
+    while lab.run(backend, ["ss", "-Htn", f"dport = :{client_port}"]).stdout.strip():
+        assert time.monotonic() < deadline, f"{backend} still has the connection"
+        time.sleep(0.05)
+
+
 def route_mtu(lab: Lab, node: str, family: int) -> int | None:
     """The MTU ``ip route get <client>`` shows in ``node`` (a learnt path MTU), if any."""
     out = lab.run(node, ["ip", f"-{family}", "route", "get", str(lab.addr("client", family))])
@@ -232,16 +240,17 @@ def test_transfer_completes_through_forwarded_too_big(
     errors0 = icmp_errors(lb)
     with DropTooBig(lab) as drop:
         stalled = transfer(lab, vip, base_port, STALL_WAIT)
-        # The reset has gone out; let it reach the backend before errors may pass again.
-        time.sleep(0.2)
+        # Until the reset has reached the backend, it retransmits: errors about those
+        # retransmissions must not get through once the filter is gone.
+        wait_gone(lab, stalled.backend, base_port)
         dropped = drop.dropped()
+        assert icmp_errors(lb) == errors0
+        assert route_mtu(lab, stalled.backend, family) == 1400
     assert stalled.backend in lab.backends
     assert not stalled.complete and len(stalled.received) < SIZE // 10, (
         f"{len(stalled.received)} bytes arrived with the router's errors dropped"
     )
     assert dropped > 0, "the router sent no too-big error: the path MTU is not in play"
-    assert icmp_errors(lb) == errors0
-    assert route_mtu(lab, stalled.backend, family) == 1400
 
     # The real run: the same transfer on a fresh flow, the errors reach the LB.
     flush_route_caches(lab)
