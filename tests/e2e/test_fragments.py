@@ -4,9 +4,10 @@ Fragments: UDP datagrams bigger than the client's 1400-byte MTU leave the client
 fragments; lb_xdp balances every fragment by (source, destination, protocol) only, so
 all of them reach one backend; host_tc decapsulates each; the backend's kernel
 reassembles the datagram, and its UDP echo answers with its name and the whole payload.
-Over GUE and over IPIP, IPv4 and IPv6. All fragmented datagrams of the client to a VIP go to the backend the model predicts for
-the port-less flow, whatever their source port; small datagrams are balanced by their
-5-tuple and spread. The LB's ``FRAGMENT`` event moves by the number of fragments sent.
+Over GUE and over IPIP, IPv4 and IPv6. All fragmented datagrams of the client to a VIP
+go to the backend the model predicts for the port-less flow, whatever their source
+port; small datagrams are balanced by their 5-tuple and spread. The LB's ``FRAGMENT``
+event moves by the number of fragments sent.
 
 Echo: with ``icmp_echo: true`` the LB answers pings to the VIP itself (``ICMP_ECHO``
 moves by one per reply: nobody else could answer, as lb_xdp sends echo requests to no
