@@ -3,14 +3,18 @@
 ::
 
     client ─┐                     198.18.0.0/24, fd78:6470:6c62::/64
-    lb ─────┼── br0 (namespace "sw")
+    lb ─────┤
+    (rt) ───┼── br0 (namespace "sw")
     b1..bN ─┘                     VIPs: 198.18.100.0/24, fd78:6470:6c62:100::/64
 
 Each node is a namespace with one veth, ``eth0``, whose peer is a port of the
 bridge named after the node. The client routes the VIP prefixes via the LB; the
 backends hold the VIPs on their loopback and reply straight to the client (direct
-server return). Only 198.18.0.0/15 (RFC 2544 benchmarking) and fd78:6470:6c62::/48
-(ULA) are ever configured: a typo cannot touch a real network.
+server return). With ``reply_mtu`` a router ``rt`` (.3, ::3) carries the backends'
+replies to the client over a path with that smaller MTU, so path MTU discovery
+through the balancer can be shown (:meth:`Lab.__init__`). Only 198.18.0.0/15 (RFC
+2544 benchmarking) and fd78:6470:6c62::/48 (ULA) are ever configured: a typo cannot
+touch a real network.
 
 Every instance has its own prefix (``xl<pid><letter>``) on namespace names and bpffs
 pin directories, so parallel and leftover runs never collide. Teardown removes every
@@ -66,7 +70,10 @@ CLIENT_MTU = 1400
 LINK_MTU = 1500
 
 #: Host number of each role on the segment (.1, ::1); backends count up from .11.
-_HOST_NUMBERS = {"client": 1, "lb": 2}
+_HOST_NUMBERS = {"client": 1, "lb": 2, "rt": 3}
+#: The smallest MTU an IPv6 link may have (RFC 8200 5): ``reply_mtu`` for IPv6 is at
+#: least this, a packet-too-big below it is ignored by the receiver.
+IPV6_MIN_MTU = 1280
 _FIRST_BACKEND = 11
 
 #: Namespace/pin names of every lab instance: xl<pid><letter>-<node>.
@@ -208,15 +215,25 @@ class Lab:
         *,
         peer_xdp: bool = True,
         colocated: bool = False,
+        reply_mtu: int | None = None,
     ) -> None:
         """``backends``: how many backend hosts (b1..bN, .11, .12, ...). ``vips``: the
         addresses put on every backend's loopback. ``peer_xdp``: attach xdp_pass to
         the bridge-side peer of the LB's veth, so XDP_TX on the LB delivers.
         ``colocated``: every backend is also a balancer (Unimog, Nickel): the client
         spreads VIP traffic over the backends by ECMP, and the backends forward like
-        the LB does (the ``lb`` node is still there, unused)."""
+        the LB does (the ``lb`` node is still there, unused).
+        ``reply_mtu``: add a router ``rt`` that the backends route the client through;
+        its route to the client has this MTU, locked (IPv6: at least 1280), so a
+        full-size reply makes it send "fragmentation needed" / "packet too big" to the
+        reply's source, a VIP, which it routes via the LB (as the Internet would)."""
         if not 1 <= backends <= 50:
             raise LabError(f"backends must be 1..50, not {backends}")
+        if reply_mtu is not None and not 576 <= reply_mtu < CLIENT_MTU:
+            raise LabError(f"reply_mtu must be 576..{CLIENT_MTU - 1}, not {reply_mtu}")
+        if reply_mtu is not None and colocated:
+            raise LabError("reply_mtu needs the dedicated LB topology (not colocated)")
+        self.reply_mtu = reply_mtu
         self.vips: list[IPAddress] = []
         for v in vips:
             addr = ipaddress.ip_address(v)
@@ -225,10 +242,14 @@ class Lab:
         self.peer_xdp = peer_xdp
         self.colocated = colocated
         self.prefix = _new_prefix()
-        names = ["client", "lb"] + [f"b{i}" for i in range(1, backends + 1)]
+        names = ["client", "lb"] + (["rt"] if reply_mtu else [])
+        names += [f"b{i}" for i in range(1, backends + 1)]
         self.nodes: dict[str, Node] = {}
-        for i, name in enumerate(names):
-            host = _HOST_NUMBERS.get(name, _FIRST_BACKEND + i - len(_HOST_NUMBERS))
+        for name in names:
+            if name in _HOST_NUMBERS:
+                host = _HOST_NUMBERS[name]
+            else:
+                host = _FIRST_BACKEND + int(name[1:]) - 1
             self.nodes[name] = Node(
                 name=name,
                 ns=f"{self.prefix}-{name}",
@@ -385,6 +406,8 @@ class Lab:
         self._setup_forwarding("lb")
         for name in self.backends:
             self._setup_backend(self.nodes[name])
+        if self.reply_mtu is not None:
+            self._setup_reply_router(self.reply_mtu)
         if self.peer_xdp:
             self._attach_peer_xdp()
 
@@ -496,6 +519,39 @@ class Lab:
         # to the next hop (daisy chaining), and bpf_fib_lookup() refuses unless the
         # device forwards. Co-located, they also balance like the LB.
         self._setup_forwarding(node.name)
+
+    def _setup_reply_router(self, mtu: int) -> None:
+        """``rt`` forwards the backends' replies to the client with a locked route MTU
+        (forwarding honours a route's MTU, the device's would be 1500), answers bigger
+        packets with ICMP to their source, the VIP, via the LB, and never redirects the
+        backends: they must keep sending through it."""
+        rt, lb, client = self.nodes["rt"], self.nodes["lb"], self.nodes["client"]
+        self._sysctl(
+            "rt",
+            {
+                "net.ipv4.ip_forward": 1,
+                "net.ipv6.conf.all.forwarding": 1,
+                "net.ipv4.conf.all.send_redirects": 0,
+                f"net.ipv4.conf.{IFNAME}.send_redirects": 0,
+                "net.ipv4.conf.all.rp_filter": 0,
+                f"net.ipv4.conf.{IFNAME}.rp_filter": 0,
+                # One error per too-big packet: a test's retransmission is not held back
+                # by the per-destination token bucket (1 s, burst 6 by default).
+                "net.ipv4.icmp_ratelimit": 0,
+                "net.ipv6.icmp.ratelimit": 0,
+            },
+        )
+        for net, via in ((VIP_NET4, lb.v4), (VIP_NET6, lb.v6)):
+            _ip("-n", rt.ns, "route", "add", str(net), "via", str(via))
+        for dst, m in ((f"{client.v4}/32", mtu), (f"{client.v6}/128", max(mtu, IPV6_MIN_MTU))):
+            _ip("-n", rt.ns, "route", "add", dst, "dev", IFNAME, "mtu", "lock", str(m))
+        # The backends' route to the client goes via rt; its MTU stays the client's and
+        # unlocked, so a learnt path MTU can lower it.
+        for name in self.backends:
+            ns = self.ns(name)
+            for dst, via in ((f"{client.v4}/32", rt.v4), (f"{client.v6}/128", rt.v6)):
+                route = [dst, "via", str(via), "dev", IFNAME, "mtu", str(CLIENT_MTU)]
+                _ip("-n", ns, "route", "replace", *route)
 
     def _add_vip(self, node: Node, vip: IPAddress) -> None:
         plen = 32 if vip.version == 4 else 128
