@@ -48,6 +48,8 @@ import numpy as np
 from hypothesis import HealthCheck, Phase, Verbosity, given, seed, settings
 from lb_harness import LabNetns, configure_lab, serial
 from test_differential import (
+    VIP4,
+    VIP6,
     ModelLb,
     check_forward,
     drop_deltas,
@@ -60,11 +62,13 @@ from test_differential import (
 )
 
 from xdplb import abi, hashing, model, paths
+from xdplb.acl import AclKey
 from xdplb.datapath import BPF_F_LOCK, BpfObject
 from xdplb.datapath.conns import SET_DTYPE, ConnTable
 from xdplb.datapath.testrun import TestRunResult
 from xdplb.errors import BpfError
 from xdplb.lab import netns
+from xdplb.state import vip_addr_infos
 
 CORPUS = Path(__file__).parent / "corpus"
 #: Packets per chunk: counters and the connection table are compared, and the table
@@ -102,11 +106,47 @@ def degraded_state() -> model.DataplaneState:
     )
 
 
+def policy_state() -> model.DataplaneState:
+    """The differential state with the policies of issue 5 on: echo answered on the
+    first IPv4 and IPv6 VIP addresses, a global deny list, an allow list with a deny
+    inside it on VIP 1 (longest prefix wins, the rest denied by default), deny lists on
+    VIP 2 (a UDP wildcard: its fragments) and VIP 4. The fuzz's clients are
+    198.18.128.7 + 0..32767 and fd78:6470:6c62:8000::7 + 0..32767 (fuzz_strategies)."""
+    state = differential_state()
+    net = ipaddress.ip_network
+    rules = {
+        AclKey(abi.ACL_GLOBAL, net("198.18.160.0/19")): abi.AclList.DENY,
+        AclKey(abi.ACL_GLOBAL, net("fd78:6470:6c62:8000::4000/114")): abi.AclList.DENY,
+        AclKey(1, net("198.18.128.0/18")): abi.AclList.ALLOW,
+        AclKey(1, net("198.18.130.0/24")): abi.AclList.DENY,
+        AclKey(2, net("198.18.140.0/22")): abi.AclList.DENY,
+        AclKey(4, net("fd78:6470:6c62:8000::/116")): abi.AclList.DENY,
+    }
+    vips = {
+        v: replace(
+            p,
+            flags=p.flags
+            | (abi.VIP_F_ACL if p.vip_id in (1, 2, 4) else 0)
+            | (abi.VIP_F_ACL_DENY if p.vip_id == 1 else 0),
+        )
+        for v, p in state.vips.items()
+    }
+    echo = [VIP4, VIP6]
+    return replace(
+        state,
+        vips=vips,
+        acl=rules,
+        vip_addrs=vip_addr_infos(list(vips), echo=echo),
+        config=replace(state.config, flags=state.config.flags | abi.CFG_F_ACL),
+    )
+
+
 #: State id (kept in each corpus case) -> builder.  Add a new id rather than change one
 #: that corpus cases name.
 STATES: dict[str, Callable[[], model.DataplaneState]] = {
     "differential-v1": differential_state,
     "degraded-v1": degraded_state,
+    "policy-v1": policy_state,
 }
 
 
@@ -122,6 +162,12 @@ def compare(mlb: ModelLb, frame: bytes, d: model.Decision, r: TestRunResult) -> 
     if not d.allows(r.retval):
         return f"model {d.describe()}, program returned {got}"
     if r.retval == model.XdpAction.DROP:
+        return None
+    if d.outcome is model.Outcome.REPLY:
+        # Answered in place (echo): the model builds the whole frame, Ethernet included.
+        if r.data != d.packet:
+            want, got_hex = (d.packet or b"").hex(), r.data.hex()
+            return f"model {d.describe()}: reply differs\n  want {want}\n  got {got_hex}"
         return None
     if d.packet is not None:
         # A packet the model built (a reply, say): the output ends with it, behind an
@@ -553,15 +599,17 @@ def _lab(workers: int) -> Iterator[Lab]:
 def run_fuzz(
     packets: int, seed_: int = DEFAULT_SEED, workers: int = 2, states: tuple[str, ...] = ()
 ) -> FuzzReport:
-    """``packets`` frames split over ``workers`` processes (spawned: each loads its own
-    lb_xdp), worker i drawing with hypothesis seed ``seed_ + i`` against state
-    ``states[i % len(states)]`` (default: every state of :data:`STATES`)."""
+    """``packets`` frames split over ``max(workers, len(states))`` jobs run by ``workers``
+    processes (spawned: each job loads its own lb_xdp), job i drawing with hypothesis
+    seed ``seed_ + i`` against state ``states[i % len(states)]`` (default: every state
+    of :data:`STATES`), so every state gets its share whatever the worker count."""
     states = states or tuple(STATES)
     t0 = time.perf_counter()
-    gen = _lab(workers)
+    njobs = max(workers, len(states))
+    gen = _lab(njobs)
     lab = next(gen)
     try:
-        share = -(-packets // workers)
+        share = -(-packets // njobs)
         jobs = [
             WorkerArgs(
                 i,
@@ -573,7 +621,7 @@ def run_fuzz(
                 seed_ + i,
                 states[i % len(states)],
             )
-            for i in range(workers)
+            for i in range(njobs)
         ]
         ctx = multiprocessing.get_context("spawn")
         with concurrent.futures.ProcessPoolExecutor(workers, mp_context=ctx) as pool:

@@ -28,6 +28,7 @@ import numpy as np
 import pytest
 
 from xdplb import abi, model
+from xdplb.acl import rule_value
 from xdplb.datapath import BPF_F_INNER_MAP, BpfObject, Map, MapType
 from xdplb.datapath.conns import ConnTable
 from xdplb.datapath.lb import TABLE_MAPS
@@ -98,11 +99,13 @@ class ModelLb:
     def load_state(self, state: model.DataplaneState) -> None:
         """Write every map the model reads; whatever was there before is removed."""
         obj = self.obj
-        for name in ("lb_vips", "lb_vip_addrs"):
+        for name in ("lb_vips", "lb_vip_addrs", "lb_acl4", "lb_acl6"):
             m = obj.map(name)
             for key in list(m.keys()):
                 m.delete(key)
         ConnTable(obj.map("lb_conns")).flush()
+        for rule, action in state.acl.items():
+            obj.map(rule.map_name).update(rule.abi_key().pack(), rule_value(action))
         vips = obj.map("lb_vips")
         for vip, params in state.vips.items():
             vips.update(vip.abi_key().pack(), params.abi_value().pack())
