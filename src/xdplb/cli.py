@@ -529,7 +529,9 @@ backend_app = typer.Typer(
     no_args_is_help=True, help="Backends of a VIP of a running instance (through its API)."
 )
 app.add_typer(backend_app, name="backend")
-VipArg = Annotated[str, typer.Argument(help="ADDRESS:PORT[/PROTOCOL], e.g. 198.18.100.1:80/tcp")]
+VipArg = Annotated[
+    str, typer.Argument(help="ADDRESS:PORT/PROTOCOL (tcp when left out), e.g. 198.18.100.1:80/tcp")
+]
 BackendArg = Annotated[str, typer.Argument(help="backend address")]
 
 
@@ -656,7 +658,7 @@ acl_app = typer.Typer(
 app.add_typer(acl_app, name="acl")
 AclVipOpt = Annotated[
     str | None,
-    typer.Option("--vip", help="a VIP's own ACL (ADDRESS:PORT[/PROTOCOL]); default: global"),
+    typer.Option("--vip", help="a VIP's own ACL (ADDRESS:PORT/PROTOCOL); default: global"),
 ]
 PrefixesArg = Annotated[
     list[str], typer.Argument(help="source prefixes, e.g. 198.18.7.0/24 fd78:6470:6c62::/48")

@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+import typer
 from typer.testing import CliRunner
 
 from xdplb.cli import EXIT_CONFIG, EXIT_NOT_RUNNING, EXIT_OK, app
@@ -41,3 +42,28 @@ def test_status_and_stop_of_an_instance_that_is_not_there(tmp_path: Path) -> Non
     name = f"absent-{tmp_path.name}"
     assert runner.invoke(app, ["status", "-i", name]).exit_code == EXIT_NOT_RUNNING
     assert runner.invoke(app, ["stop", "-i", name]).exit_code == EXIT_NOT_RUNNING
+
+
+def _commands(group: typer.Typer, prefix: tuple[str, ...] = ()) -> list[tuple[str, ...]]:
+    out = [prefix]
+    for cmd in group.registered_commands:
+        out.append((*prefix, cmd.name or cmd.callback.__name__.replace("_", "-")))  # type: ignore[union-attr]
+    for sub in group.registered_groups:
+        assert sub.typer_instance is not None and sub.name is not None
+        out += _commands(sub.typer_instance, (*prefix, sub.name))
+    return out
+
+
+COMMANDS = _commands(app)
+
+
+@pytest.mark.parametrize("cmd", COMMANDS, ids=" ".join)
+def test_every_help_renders(cmd: tuple[str, ...]) -> None:
+    """Help text is rich markup: a stray ``[...]`` in it crashes ``--help``."""
+    result = runner.invoke(app, [*cmd, "--help"])
+    assert result.exit_code == EXIT_OK, result.output
+    assert "Usage:" in result.output
+
+
+def test_commands_found() -> None:
+    assert {("backend", "drain"), ("acl", "deny"), ("run",), ("host", "attach")} <= set(COMMANDS)
