@@ -9,6 +9,12 @@
  *
  * Not rate limited: one answer per packet that was too big, each shorter than
  * that packet.  A slow path, out of line: one copy for every encap variant.
+ *
+ * Never an answer to ICMP: the only ICMP lb_xdp encapsulates are routers'
+ * errors it forwards (step 4b), and no error may be sent about an error (RFC
+ * 1122 3.2.2, RFC 4443 2.4(e)); those are dropped TOO_BIG.  IPv6: judged by
+ * the first next header (an error behind extension headers would be answered;
+ * routers do not send such errors).
  */
 #ifndef XDPLB_LIB_LB_PTB_H
 #define XDPLB_LIB_LB_PTB_H
@@ -76,7 +82,7 @@ static __noinline int lb_icmp_ptb(struct xdp_md *ctx, __u32 mtu, __u32 overhead)
 		struct iphdr *iph = (void *)inner;
 
 		/* Without DF the sender allows fragmentation; we do not fragment: drop. */
-		if (!(iph->frag_off & bpf_htons(IP_DF)))
+		if (!(iph->frag_off & bpf_htons(IP_DF)) || iph->protocol == IPPROTO_ICMP)
 			return lb_drop(XDPLB_DROP_TOO_BIG);
 		ip_len = bpf_ntohs(iph->tot_len);
 		addr[0] = iph->saddr;
@@ -86,6 +92,8 @@ static __noinline int lb_icmp_ptb(struct xdp_md *ctx, __u32 mtu, __u32 overhead)
 	} else {
 		struct ipv6hdr *ip6h = (void *)inner;
 
+		if (ip6h->nexthdr == IPPROTO_ICMPV6)
+			return lb_drop(XDPLB_DROP_TOO_BIG);
 		ip_len = sizeof(*ip6h) + bpf_ntohs(ip6h->payload_len);
 		__builtin_memcpy(addr, &ip6h->saddr, 16);
 		__builtin_memcpy(addr + 4, &ip6h->daddr, 16);

@@ -521,3 +521,55 @@ def test_random_fragments_quotes_and_chains_match_the_model(mlb: ModelLb) -> Non
         "ICMP_ECHO"
     ]
     assert (mlb.counters("lb_drops", len(abi.DropReason)) - dr0)[DropReason.ICMP] == seen["ICMP"]
+
+
+@pytest.fixture
+def route_mtus(lb: Lb) -> Iterator[int]:
+    """Locked route MTUs of 1,300 to backends 1 (IPv4) and 4 (IPv6)."""
+    dsts = (f"{fx.BACKENDS[1].addr}/32", f"{fx.BACKENDS[4].addr}/128")
+    for dst in dsts:
+        subprocess.run(
+            ["ip", "route", "replace", dst, "dev", "lb0", "mtu", "lock", "1300"], check=True
+        )
+    time.sleep(0.7)  # earlier tests' cached next hops expire (lib/fib.h)
+    try:
+        yield 1300
+    finally:
+        for dst in dsts:
+            subprocess.run(["ip", "route", "del", dst], check=False)
+
+
+@pytest.mark.parametrize("family", [4, 6])
+def test_a_forwarded_icmp_error_too_big_is_not_answered(
+    lb: Lb, route_mtus: int, family: int
+) -> None:
+    """No ICMP error about an ICMP error (RFC 1122 3.2.2, RFC 4443 2.4(e)): a router's
+    error, forwarded to the backend of the flow it quotes and too big for the tunnel, is
+    dropped ``TOO_BIG``, not answered to the router."""
+    lb.set_config(flags=abi.CFG_F_PTB)
+    if family == 4:
+        vip = fx.VIPS["tcp4"]
+        lb.set_table(vip.id, [1])
+        # A long quote (RFC 4884 allows them), with DF as some routers send it.
+        quote = bytes(
+            IP(src=str(vip.addr), dst=C4, flags="DF")
+            / TCP(sport=vip.port, dport=40000, flags="A")
+            / Raw(b"x" * 1400)
+        )[:1300]
+        err: Packet = IP(src=ROUTER4, dst=str(vip.addr), flags="DF") / ICMP(
+            type=3, code=4, nexthopmtu=1200
+        )
+    else:
+        vip = fx.VIPS["tcp6"]
+        lb.set_table(vip.id, [4])
+        # A full-size ICMPv6 error: 1,280 bytes, 1,352 with GUE over IPv6.
+        quote = quote6(vip)
+        err = IPv6(src=ROUTER6, dst=str(vip.addr)) / ICMPv6PacketTooBig(mtu=1280)
+    frame = bytes(eth(lb) / err / Raw(quote))
+    assert len(frame) - 14 + (40 if family == 4 else 72) > route_mtus
+    before = lb.counters()
+    r = lb.run(frame)
+    assert r.retval == fx.XDP_DROP, Ether(r.data).summary()
+    delta = lb.counters() - before
+    assert delta.named()["drops"] == {"TOO_BIG": 1}
+    assert delta.named()["events"] == {"ICMP_ERROR": 1}
