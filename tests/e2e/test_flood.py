@@ -30,9 +30,10 @@ from typing import Any
 
 import pytest
 
-from xdplb.abi import Event
+from xdplb.abi import DropReason, Event
 from xdplb.lab import Lab
 from xdplb.lab.flood import SynFlood
+from xdplb.lab.host import attach_host
 from xdplb.lab.lbnode import LbNode
 from xdplb.lab.paced import PacedStreams, one_shot
 
@@ -44,20 +45,47 @@ STREAMS = 100
 #: Seconds of each measured window (unflooded, then flooded).
 WINDOW = 8.0
 NEW_CONNECTIONS = 50
-#: Extra top-level configuration of the LB, e.g. an insert budget (``flood:``) once the
-#: configuration has one; the default budget (12,500 inserts per 100 ms per CPU) is
-#: above what the lab can send, so the flood is recorded in the table (CONN_MISS).
-LB_EXTRA: dict[str, Any] = {}
+#: The insert budget, set low enough for the lab's flood to exceed it (the default,
+#: 125,000/s per CPU, is about what the lab can send): the flows past it are balanced
+#: by the table but not recorded (CONN_FLOOD), so the flood cannot evict the
+#: connection table. The rate limit is left off here: it drops the flood at the
+#: cheapest point, which lets the generator send ten times faster into the one veth
+#: ring the legitimate client shares with it (test_rate_limit_contains_one_prefix).
+LB_EXTRA: dict[str, Any] = {"flood": {"conn_insert_budget": 5000}}
+#: A new connection under the flood may need a SYN retransmission (1 s, then 3 s): a
+#: flooded ring drops packets whoever sent them. Succeeding is what counts.
+CONNECT_TIMEOUT = 15.0
 #: The LB must have seen at least this many of the flood's SYNs as new flows.
 MIN_FLOOD_SEEN = 100_000
 
 
+#: The flood comes from a host of its own on the segment (a fourth backend host that
+#: serves nothing), not from the legitimate client's link: a generator on the client's
+#: own veth drops the client's packets with its own in that veth's ring, which tests
+#: the client's uplink, not the balancer.
+ATTACKER = "b4"
+
+
 @pytest.fixture
-def lb(lab: Lab, tmp_path: Path) -> Iterator[LbNode]:
+def flood_lab(lab_factory: Any) -> Lab:
+    lab: Lab = lab_factory(backends=4)
     for b in lab.backends:
+        if b != ATTACKER:
+            attach_host(lab, b)
+    return lab
+
+
+def serving(lab: Lab) -> list[str]:
+    return [b for b in lab.backends if b != ATTACKER]
+
+
+@pytest.fixture
+def lb(flood_lab: Lab, tmp_path: Path) -> Iterator[LbNode]:
+    lab = flood_lab
+    for b in serving(lab):
         lab.run(b, ["sysctl", "-q", "-w", "net.ipv4.tcp_syncookies=1"])
-    procs = lab.start_servers()
-    backends = [{"address": str(lab.addr(b))} for b in lab.backends]
+    procs = lab.start_servers(names=serving(lab))
+    backends = [{"address": str(lab.addr(b))} for b in serving(lab)]
     node = LbNode(lab, tmp_path, [{"address": VIP, "port": PORT, "backends": backends}], **LB_EXTRA)
     node.start()
     yield node
@@ -67,24 +95,30 @@ def lb(lab: Lab, tmp_path: Path) -> Iterator[LbNode]:
         p.wait()
 
 
-def new_flows(node: LbNode) -> int:
-    """Flows lb_xdp balanced by table: recorded (CONN_MISS) or over budget (CONN_FLOOD)."""
+def flood_counters(node: LbNode) -> tuple[int, int, int]:
+    """New flows lb_xdp balanced by table (recorded, CONN_MISS, or over the insert budget,
+    CONN_FLOOD, too), those over budget, and those the rate limit dropped."""
     with node.maps() as maps:
-        ev = maps.counters(exact_conns=False).events
-    return ev[Event.CONN_MISS] + ev[Event.CONN_FLOOD]
+        c = maps.counters(exact_conns=False)
+    ev = c.events
+    return ev[Event.CONN_MISS], ev[Event.CONN_FLOOD], c.drops[DropReason.RATE_LIMIT]
 
 
-def test_syn_flood_keeps_legit_throughput(lab: Lab, lb: LbNode) -> None:
+def test_syn_flood_keeps_legit_throughput(flood_lab: Lab, lb: LbNode) -> None:
+    lab = flood_lab
     ns = lab.ns("client")
-    with SynFlood(lab, VIP, PORT) as flood, PacedStreams(ns, VIP, PORT, n=STREAMS) as streams:
-        assert len(set(streams.backends)) == len(lab.backends)
+    with (
+        SynFlood(lab, VIP, PORT, node=ATTACKER) as flood,
+        PacedStreams(ns, VIP, PORT, n=STREAMS) as streams,
+    ):
+        assert set(streams.backends) == set(serving(lab))
         time.sleep(1.0)  # every stream past its first exchanges
         t0 = streams.totals()
         time.sleep(WINDOW)
         t1 = streams.totals()
         baseline = t1.rate(t0)
 
-        seen0 = new_flows(lb)
+        miss0, over0, limited0 = flood_counters(lb)
         flood.start(seconds=WINDOW + 2)
         time.sleep(0.5)  # the SYN queues are full and cookies are in use from here
         f0 = streams.totals()
@@ -92,26 +126,80 @@ def test_syn_flood_keeps_legit_throughput(lab: Lab, lb: LbNode) -> None:
         slowest = 0.0
         for _ in range(NEW_CONNECTIONS):
             t = time.monotonic()
-            fresh.append(one_shot(ns, VIP, PORT))  # raises if any step fails
+            fresh.append(one_shot(ns, VIP, PORT, timeout=CONNECT_TIMEOUT))  # raises on failure
             slowest = max(slowest, time.monotonic() - t)
             time.sleep(max(0.0, WINDOW / NEW_CONNECTIONS - (time.monotonic() - t)))
         f1 = streams.totals()
         flooded = f1.rate(f0)
         result = flood.wait()
-        seen = new_flows(lb) - seen0 - NEW_CONNECTIONS
+        miss1, over1, limited1 = flood_counters(lb)
+        over, limited = over1 - over0, limited1 - limited0
+        seen = miss1 - miss0 + limited - NEW_CONNECTIONS
 
     report = (
         f"baseline {baseline / 1e3:.0f} kB/s, flooded {flooded / 1e3:.0f} kB/s "
         f"(nominal {streams.nominal_rate / 1e3:.0f}); missed ticks {f0.missed - t1.missed}"
         f" -> {f1.missed - f0.missed}; slowest exchange {streams.max_latency * 1e3:.0f} ms; "
         f"flood sent {result.sent} ({result.pps / 1e3:.0f} kpps), LB saw {seen} new flows "
-        f"({seen / result.seconds / 1e3:.0f} k/s); slowest new connection {slowest * 1e3:.0f} ms"
+        f"({seen / result.seconds / 1e3:.0f} k/s): {limited} rate-limited, {over} over the "
+        f"insert budget; slowest new connection {slowest * 1e3:.0f} ms"
     )
     print(report)
     assert streams.broken == [], report
     assert baseline > 0.9 * streams.nominal_rate, report
     assert flooded >= 0.8 * baseline, report
-    assert len(fresh) == NEW_CONNECTIONS and set(fresh) <= set(lab.backends), report
+    assert len(fresh) == NEW_CONNECTIONS and set(fresh) <= set(serving(lab)), report
     # The flood arrived. (What the generator sent but lb_xdp never saw was dropped by a
     # full veth ring on the way: the generator outruns the path; see the report.)
     assert seen >= MIN_FLOOD_SEEN, report
+    # More than the budget was balanced but not recorded.
+    assert over > 0 and limited == 0, report
+
+
+#: The rate limit of test_rate_limit_contains_one_prefix: new flows per second and burst
+#: per source /24.
+RATE, BURST = 50, 100
+
+
+def test_rate_limit_contains_one_prefix(flood_lab: Lab, tmp_path: Path) -> None:
+    """A flood from one /24 gets its prefix's rate of new flows to the backends and no
+    more: the rest is dropped in XDP, counted RATE_LIMIT; the legitimate client, in its
+    own /24, still connects during and after it."""
+    lab = flood_lab
+    procs = lab.start_servers(names=serving(lab))
+    backends = [{"address": str(lab.addr(b))} for b in serving(lab)]
+    node = LbNode(
+        lab,
+        tmp_path,
+        [{"address": VIP, "port": PORT, "backends": backends}],
+        flood={"rate_limit": {"new_flows_per_second": RATE, "burst": BURST, "prefix_v4": 24}},
+    )
+    try:
+        node.start()
+        ns = lab.ns("client")
+        with SynFlood(lab, VIP, PORT, prefix="198.19.7.0/24", node=ATTACKER) as flood:
+            miss0, _, limited0 = flood_counters(node)
+            flood.start(seconds=3.0)
+            time.sleep(0.5)
+            during = one_shot(ns, VIP, PORT, timeout=CONNECT_TIMEOUT)
+            result = flood.wait()
+            miss1, _, limited1 = flood_counters(node)
+        after = [one_shot(ns, VIP, PORT) for _ in range(10)]
+    finally:
+        node.destroy()
+        for p in procs:
+            p.kill()
+            p.wait()
+    admitted = miss1 - miss0 - 1  # the legitimate connection during the flood
+    limited = limited1 - limited0
+    report = (
+        f"flood sent {result.sent} in {result.seconds:.1f} s, {admitted} admitted, "
+        f"{limited} rate-limited"
+    )
+    print(report)
+    assert during in serving(lab) and set(after) <= set(serving(lab)), report
+    # The bucket: BURST, plus RATE a second while the flood lasted (the coarse clock's
+    # tick and one racing CPU's extra flow of slack), not one more.
+    assert admitted <= BURST + RATE * (result.seconds + 0.1) + 2, report
+    assert admitted >= BURST, report
+    assert limited >= result.sent // 2 and limited > 100_000, report

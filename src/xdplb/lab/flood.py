@@ -220,6 +220,8 @@ class SynFlood:
         self._undo.callback(link.close)
         via = str(self.lab.addr(self.node))
         for b in self.lab.backends:
+            if b == self.node:
+                continue  # a spare backend host playing the attacker
             self.lab.run(b, ["ip", "route", "add", str(self.prefix), "via", via])
             self._undo.callback(
                 self.lab.run, b, ["ip", "route", "del", str(self.prefix)], check=False
