@@ -63,9 +63,10 @@ DEFAULT_VIPS: tuple[IPAddress, ...] = (
     ipaddress.IPv6Address("fd78:6470:6c62:100::1"),
 )
 
-#: A GUE-encapsulated packet grows by at most 20 (IPv4) or 40 (IPv6) + 8 (UDP) + 8..16
-#: (GUE with one hop): 64 bytes. With the client at 1400, a full-size client packet
-#: still fits the 1500-byte links from the LB to the backends without fragmentation.
+#: A GUE-encapsulated packet grows by 20 (IPv4) or 40 (IPv6) + 8 (UDP) + 8 (GUE) + 4 or
+#: 16 per hop: 40 bytes (IPv4, one hop) to 72 (IPv6, one hop), up to 120 with four IPv6
+#: hops (Beamer). With the client at 1400, a full-size client packet fits the 1500-byte
+#: links from the LB to the backends except with IPv6 backends and four hops.
 CLIENT_MTU = 1400
 LINK_MTU = 1500
 
