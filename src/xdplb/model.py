@@ -554,7 +554,27 @@ def decide(state: DataplaneState, frame: bytes) -> Decision:
             acl_hits=acl_hits,
         )
     assert flow_hash is not None and hops
-    # 11. Encapsulate (10., the stats, move before encapsulation can fail).
+    return _forward(
+        state, frame, p, flow, vip, params, flow_hash, bucket, hops, events, acl_hits, conn_insert
+    )
+
+
+def _forward(
+    state: DataplaneState,
+    frame: bytes,
+    p: _Parsed,
+    flow: Flow,
+    vip: Vip,
+    params: VipParams,
+    flow_hash: int,
+    bucket: int | None,
+    hops: tuple[int, ...],
+    events: tuple[abi.Event, ...],
+    acl_hits: tuple[tuple[int, abi.AclList], ...],
+    conn_insert: tuple[bytes, ConnEntry] | None = None,
+) -> Decision:
+    """Steps 10-11 for a packet whose hops are chosen: encapsulated (the stats move
+    before encapsulation can fail), or dropped ``NO_CONFIG`` without an outer source."""
     outer = _outer_headers(state, params, p, hops, flow_hash)
     return Decision(
         Outcome.FORWARD if outer is not None else Outcome.DROP,
@@ -916,23 +936,9 @@ def _decide_slow_acl(
                 bucket=bucket,
                 acl_hits=acl_hits,
             )
-    events = (*events, event)
-    outer = _outer_headers(state, params, p, hops, flow_hash)
-    return Decision(
-        Outcome.FORWARD if outer is not None else Outcome.DROP,
-        events=events,
-        drop=None if outer is not None else abi.DropReason.NO_CONFIG,
-        flow=flow,
-        vip=vip,
-        vip_params=params,
-        flow_hash=flow_hash,
-        bucket=bucket,
-        backend_id=hops[0],
-        hops=hops,
-        gue_sport=gue_sport(flow_hash) if outer is not None else None,
-        packet=outer + frame[p.l3 :] if outer is not None else None,
-        stats_bytes=p.ip_len,
-        acl_hits=acl_hits,
+    assert flow_hash is not None
+    return _forward(
+        state, frame, p, flow, vip, params, flow_hash, bucket, hops, (*events, event), acl_hits
     )
 
 

@@ -23,7 +23,6 @@ import os
 import re
 import socket
 import struct
-import threading
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -36,6 +35,7 @@ from xdplb.abi import DropReason, Event
 from xdplb.lab import Lab, cleanup_stale
 from xdplb.lab.host import attach_host
 from xdplb.lab.lbnode import LbNode
+from xdplb.lab.listeners import BackendListeners
 from xdplb.lab.topology import CLIENT_MTU
 from xdplb.lab.traffic import open_socket
 
@@ -56,55 +56,23 @@ DIGEST = hashlib.sha256(PAYLOAD).hexdigest()
 STALL_WAIT = 3.0
 
 
-class SinkServer:
-    """On every backend, ``[::]:PORT`` (both families): reads until the client shuts
-    down its side, then answers ``<name> <bytes> <sha256>\\n``. What each connection
-    has received so far is in :attr:`received`, by client port. Sockets made in the
-    backends' namespaces, served by threads of this process."""
+class SinkServer(BackendListeners):
+    """On every backend, ``[::]:PORT``: reads until the client shuts down its side, then
+    answers ``<name> <bytes> <sha256>\\n``. What each connection has received so far is
+    in :attr:`received`, by client port."""
 
     def __init__(self, lab: Lab) -> None:
-        self.stop = threading.Event()
         self.received: dict[int, int] = {}
-        self.threads: list[threading.Thread] = []
-        self.socks: list[socket.socket] = []
-        for name in lab.backends:
-            with lab.enter(name):
-                sock = socket.socket(socket.AF_INET6, socket.SOCK_STREAM)
-            sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 0)
-            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-            sock.bind(("::", PORT))
-            sock.listen(8)
-            sock.settimeout(0.2)
-            self.socks.append(sock)
-            t = threading.Thread(target=self._serve, args=(name, sock), daemon=True)
-            t.start()
-            self.threads.append(t)
+        super().__init__(lab, PORT)
 
-    def _serve(self, name: str, sock: socket.socket) -> None:
-        while not self.stop.is_set():
-            try:
-                conn, peer = sock.accept()
-            except TimeoutError:
-                continue
-            port = peer[1]
-            self.received[port] = 0
-            digest = hashlib.sha256()
-            with conn:
-                conn.settimeout(15)
-                try:
-                    while chunk := conn.recv(1 << 16):
-                        digest.update(chunk)
-                        self.received[port] += len(chunk)
-                    conn.sendall(f"{name} {self.received[port]} {digest.hexdigest()}\n".encode())
-                except OSError:
-                    pass  # the control run resets the connection it gave up on
-
-    def close(self) -> None:
-        self.stop.set()
-        for t in self.threads:
-            t.join(5)
-        for s in self.socks:
-            s.close()
+    def handle(self, name: str, conn: socket.socket, peer: tuple[str, int]) -> None:
+        port = peer[1]
+        self.received[port] = 0
+        digest = hashlib.sha256()
+        while chunk := conn.recv(1 << 16):
+            digest.update(chunk)
+            self.received[port] += len(chunk)
+        conn.sendall(f"{name} {self.received[port]} {digest.hexdigest()}\n".encode())
 
 
 @dataclass

@@ -20,7 +20,6 @@ import os
 import re
 import socket
 import struct
-import threading
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -34,6 +33,7 @@ from xdplb.datapath import BpfObject, tc_attach, tc_hook_destroy
 from xdplb.lab import Lab, cleanup_stale
 from xdplb.lab.host import attach_host
 from xdplb.lab.lbnode import LbNode
+from xdplb.lab.listeners import BackendListeners
 from xdplb.lab.topology import IPV6_MIN_MTU
 from xdplb.lab.traffic import open_socket
 
@@ -50,49 +50,17 @@ PAYLOAD = os.urandom(SIZE)
 STALL_WAIT = 3.0
 
 
-class BulkServer:
-    """On every backend, ``[::]:PORT`` (both families): on accept, send ``<name>\\n``
-    alone (a small segment: it reaches the client whatever the path MTU), then
-    :data:`PAYLOAD`, then close. Sockets made in the backends' namespaces, served by
-    threads of this process."""
+class BulkServer(BackendListeners):
+    """On every backend, ``[::]:PORT``: on accept, send ``<name>\\n`` alone (a small
+    segment: it reaches the client whatever the path MTU), then :data:`PAYLOAD`, then
+    close."""
 
     def __init__(self, lab: Lab) -> None:
-        self.stop = threading.Event()
-        self.threads: list[threading.Thread] = []
-        self.socks: list[socket.socket] = []
-        for name in lab.backends:
-            with lab.enter(name):
-                sock = socket.socket(socket.AF_INET6, socket.SOCK_STREAM)
-            sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 0)
-            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-            sock.bind(("::", PORT))
-            sock.listen(8)
-            sock.settimeout(0.2)
-            self.socks.append(sock)
-            t = threading.Thread(target=self._serve, args=(name, sock), daemon=True)
-            t.start()
-            self.threads.append(t)
+        super().__init__(lab, PORT)
 
-    def _serve(self, name: str, sock: socket.socket) -> None:
-        while not self.stop.is_set():
-            try:
-                conn, _ = sock.accept()
-            except TimeoutError:
-                continue
-            with conn:
-                conn.settimeout(15)
-                try:
-                    conn.sendall(f"{name}\n".encode())
-                    conn.sendall(PAYLOAD)
-                except OSError:
-                    pass  # the control run resets the connection it gave up on
-
-    def close(self) -> None:
-        self.stop.set()
-        for t in self.threads:
-            t.join(5)
-        for s in self.socks:
-            s.close()
+    def handle(self, name: str, conn: socket.socket, peer: tuple[str, int]) -> None:
+        conn.sendall(f"{name}\n".encode())
+        conn.sendall(PAYLOAD)
 
 
 @dataclass

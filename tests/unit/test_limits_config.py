@@ -146,6 +146,19 @@ def test_more_tunnelled_health_targets_than_the_limit_is_refused() -> None:
     assert cfg(vips, hc_targets=2).limits.hc_targets == 2
 
 
+def test_more_acl_rules_than_the_limit_is_refused() -> None:
+    """Counted per family (one trie each), global and per-VIP rules together."""
+    acl = {"deny": ["198.19.1.0/24", "198.19.2.0/24", "fd78:6470:6c62:7::/64"]}
+    vips = [vip(1, "198.18.0.11", acl={"allow": ["198.18.0.0/24"]})]
+    doc: dict[str, Any] = {"tunnel": TUNNEL, "table_size": 251, "vips": vips, "acl": acl}
+    assert parse_config({**doc, "limits": {"acl_rules": 3}}).limits.acl_rules == 3
+    e = refused(lambda: parse_config({**doc, "limits": {"acl_rules": 2}}))
+    assert (e.field, e.message) == (
+        "limits.acl_rules",
+        "3 IPv4 ACL rules configured, the limit is 2",
+    )
+
+
 # --- what a change needs on the way: planner.check_capacity ----------------------------------
 
 
