@@ -78,7 +78,11 @@ def test_a_loaded_backend_loses_weight(lab: Lab, lb: LbNode) -> None:
         seq += 1
         time.sleep(0.2)
     after = shares(lb, 80)
-    assert after[str(lab.addr("b2"))] > 1 / 3 and after[str(lab.addr("b3"))] > 1 / 3
+    b2, b3 = after[str(lab.addr("b2"))], after[str(lab.addr("b3"))]
+    # What b1 lost went to the others. Each report moves one backend's weight, so the
+    # table may be read between b2's step and b3's: neither lost any share (Maglev
+    # rounds a third to 0.33299), together they gained.
+    assert b2 + b3 > 0.75 - 1e-3 and min(b2, b3) > 1 / 3 - 0.01, after
     # The VIP that did not ask for load feedback keeps its configured weights.
     assert shares(lb, 443)[b1] == pytest.approx(1 / 3, abs=0.01)
     assert "load feedback" in lb.log_tail(40)
