@@ -7,7 +7,9 @@
    shows where they landed next to each backend's weight and table share;
 4. removes one backend and replays the same flows: only the removed backend's flows
    move, as Maglev and the connection table promise;
-5. tears everything down.
+5. kills a backend's server: the health checks take it out of the table;
+6. denies the client's prefix on a VIP with a live ACL, then lets it back in;
+7. tears everything down.
 """
 
 from __future__ import annotations
@@ -30,7 +32,7 @@ from rich.table import Table
 from xdplb.lab import Lab, cleanup_stale
 from xdplb.lab.host import attach_host
 from xdplb.lab.lbnode import LbNode
-from xdplb.lab.traffic import http_post, udp_exchange
+from xdplb.lab.traffic import ExchangeError, http_post, udp_exchange
 
 VIP4 = "198.18.100.1"
 VIP6 = "fd78:6470:6c62:100::1"
@@ -114,6 +116,32 @@ def _table(title: str, lab: Lab, lb: LbNode, landed: dict[str, Counter[str]]) ->
     return t
 
 
+def _acl_step(lb: LbNode, http4: Callable[[int], str]) -> None:
+    """Deny the client's /24 on the HTTP VIP, live: its new connections get nothing (the
+    SYN is dropped in XDP), the hits are counted; then let it back in."""
+    prefix, vip = "198.18.0.0/24", f"{VIP4}:80/tcp"
+    console.print(f"[bold]xdplb acl deny {prefix} --vip {vip}[/bold] (live, through the API):")
+    _cli(lb, "acl", "deny", prefix, "--vip", vip)
+    got = []
+    for port in FLOWS[:3]:
+        try:
+            got.append(http_post(lb.lab.ns("client"), VIP4, 80, b"x", src_port=port, timeout=1))
+        except ExchangeError:
+            got.append("timed out")
+    console.print(f"3 new connections from the client: {got}")
+    listing = _cli(lb, "acl", "list", "--vip", vip)
+    console.print(listing.rstrip())
+    _cli(lb, "acl", "del", prefix, "--vip", vip)
+    console.print(f"after xdplb acl del: {http4(FLOWS[0])} answers again.\n")
+
+
+def _cli(lb: LbNode, *args: str) -> str:
+    done = lb.cli(*args)
+    if done.returncode != 0:
+        raise SystemExit(f"xdplb {' '.join(args)} failed: {done.stdout}{done.stderr}")
+    return done.stdout
+
+
 def main() -> int:
     cleanup_stale()
     console.print(
@@ -188,6 +216,7 @@ def main() -> int:
         console.print(f"b2 left the table {time.monotonic() - t0:.2f} s after its server died.")
         tcp3 = _run(f"HTTP  to {VIP4}:80", FLOWS[:100], http4)
         console.print(f"100 new connections: {dict(Counter(tcp3.values()))}\n")
+        _acl_step(lb, http4)
         console.print("[bold]xdplb list[/bold] (the daemon's API, like ipvsadm -L -n):")
         subprocess.run([*cli, "list", "-i", lb.instance], check=False)
         console.print(f"\nThe status page and /metrics are served on {lb.api_socket}.\n")
