@@ -276,6 +276,19 @@ def test_pin_root_reuses_maps_across_loads() -> None:
         shutil.rmtree(root, ignore_errors=True)
 
 
+def test_no_pin_root_pins_nothing() -> None:
+    """Without a pin root libbpf would pin LIBBPF_PIN_BY_NAME maps in /sys/fs/bpf itself,
+    and the next such load would silently share them."""
+    bpffs = Path("/sys/fs/bpf")
+    before = set(bpffs.iterdir())
+    with BpfObject.load(paths.test_object("binding_test")) as first:
+        first.map("bt_pinned").update(u32(1), u64(XDP_PASS))
+        assert set(bpffs.iterdir()) == before
+        with BpfObject.load(paths.test_object("binding_test")) as second:
+            assert second.map("bt_pinned").id != first.map("bt_pinned").id
+            assert second.map("bt_pinned").lookup(u32(1)) is None
+
+
 def test_verifier_rejection_raises_load_error_with_log() -> None:
     path = paths.test_object("binding_bad")
     assert path.exists(), f"{path} is missing: run `make build`"

@@ -79,6 +79,7 @@ int bpf_map__fd(const struct bpf_map *map);
 int bpf_map__set_max_entries(struct bpf_map *map, __u32 max_entries);
 __u32 bpf_map__max_entries(const struct bpf_map *map);
 const char *bpf_map__pin_path(const struct bpf_map *map);
+int bpf_map__set_pin_path(struct bpf_map *map, const char *path);
 int libbpf_num_possible_cpus(void);
 int bpf_tc_hook_create(struct bpf_tc_hook *hook);
 int bpf_tc_hook_destroy(struct bpf_tc_hook *hook);

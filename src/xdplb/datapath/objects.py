@@ -67,8 +67,9 @@ class BpfObject:
     ) -> BpfObject:
         """Open and load ``path``. Maps declared LIBBPF_PIN_BY_NAME are pinned under
         ``pin_root`` (created if missing), or reused with their contents if already
-        pinned there. ``max_entries`` (map name -> size) overrides the object's sizes;
-        names the object does not have are ignored, so one table serves every object.
+        pinned there; without ``pin_root`` nothing is pinned. ``max_entries`` (map name
+        -> size) overrides the object's sizes; names the object does not have are
+        ignored, so one table serves every object.
         Raises LoadError with errno and the libbpf/verifier log, or PinnedSizeError
         (nothing loaded) when a pinned map it would reuse has another size: libbpf
         would refuse to reuse it."""
@@ -86,6 +87,8 @@ class BpfObject:
                 err = ffi.errno  # read before anything else can clobber it
                 raise LoadError(f"bpf_object__open_file({path})", err, "".join(log))
             try:
+                if root is None:
+                    _unpin(obj)
                 _set_sizes(obj, max_entries or {})
             except BaseException:
                 lib.bpf_object__close(obj)
@@ -134,6 +137,18 @@ class BpfObject:
 
     def __repr__(self) -> str:
         return f"BpfObject({str(self.path)!r}, programs={sorted(self.programs)})"
+
+
+def _unpin(obj: Any) -> None:
+    """No pinning at all for an object loaded without a pin root: libbpf would pin its
+    LIBBPF_PIN_BY_NAME maps straight into /sys/fs/bpf, and reuse what another such load
+    left there (KERNEL_NOTES.md)."""
+    m = lib.bpf_object__next_map(obj, ffi.NULL)
+    while m != ffi.NULL:
+        ret = lib.bpf_map__set_pin_path(m, ffi.NULL)
+        if ret < 0:
+            raise LoadError("bpf_map__set_pin_path(NULL)", -ret)
+        m = lib.bpf_object__next_map(obj, m)
 
 
 def _set_sizes(obj: Any, sizes: Mapping[str, int]) -> None:
