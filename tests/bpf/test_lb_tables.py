@@ -8,6 +8,7 @@ both, and DeleteTable clears a vip id from either.
 from __future__ import annotations
 
 import ctypes
+import errno
 import os
 import struct
 from collections.abc import Iterator
@@ -17,7 +18,8 @@ import pytest
 
 from xdplb import abi
 from xdplb.datapath import Map
-from xdplb.datapath.lb import LbDatapath, destroy
+from xdplb.datapath.lb import LbDatapath, LbMaps, destroy
+from xdplb.errors import BpfError
 from xdplb.planner import DeleteTable, PutTable
 from xdplb.state import LookupTable
 
@@ -67,3 +69,43 @@ def test_maglev_table_with_later_hops_is_refused(dp: LbDatapath) -> None:
     with pytest.raises(ValueError, match="no later hops"):
         dp.apply([PutTable(5, t, MAGLEV)])
     assert dp.table(5) is None
+
+
+def test_a_reader_in_another_process_rereads_a_table_replaced_under_it(
+    dp: LbDatapath, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Another process (the CLI, a test) finds a table's id in the outer map, and the
+    daemon replaces and frees that table before it opens it: ENOENT, then the outer map
+    names the new table, which it reads."""
+    old = LookupTable(np.array([1, 2, 3], dtype=np.uint32))
+    new = LookupTable(np.array([3, 2, 1], dtype=np.uint32))
+    dp.apply([PutTable(11, old, MAGLEV)])
+    reader = LbMaps(dp.maps)  # shares the maps, not the writer's record of its tables
+    real = Map.from_id
+    calls: list[int] = []
+
+    def racing(map_id: int) -> Map:
+        calls.append(map_id)
+        if len(calls) == 1:
+            dp.apply([PutTable(11, new, MAGLEV)])  # the writer replaces it...
+            raise BpfError(f"bpf_map_get_fd_by_id({map_id})", errno.ENOENT)  # ...and it is gone
+        return real(map_id)
+
+    monkeypatch.setattr(Map, "from_id", staticmethod(racing))
+    assert reader.table(11) == new
+    assert len(calls) == 2 and calls[0] != calls[1]
+    dp.apply([DeleteTable(11)])
+
+
+def test_a_table_that_keeps_vanishing_is_an_error(
+    dp: LbDatapath, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    dp.apply([PutTable(12, LookupTable(np.array([1], dtype=np.uint32)), MAGLEV)])
+
+    def gone(map_id: int) -> Map:
+        raise BpfError(f"bpf_map_get_fd_by_id({map_id})", errno.ENOENT)
+
+    monkeypatch.setattr(Map, "from_id", staticmethod(gone))
+    with pytest.raises(BpfError):
+        LbMaps(dp.maps).table(12)
+    dp.apply([DeleteTable(12)])

@@ -8,6 +8,7 @@ table, and swaps its freshly loaded program into the existing links atomically.
 from __future__ import annotations
 
 import ctypes
+import errno
 import ipaddress
 import os
 import shutil
@@ -25,6 +26,7 @@ from xdplb.datapath.links import Link, XdpMode, attach_xdp
 from xdplb.datapath.maps import BPF_F_INNER_MAP, Map, MapType
 from xdplb.datapath.objects import BpfObject, PinnedSizeError
 from xdplb.datapath.programs import Program
+from xdplb.errors import BpfError
 from xdplb.planner import (
     DeleteAcl,
     DeleteBackend,
@@ -71,6 +73,10 @@ MAP_NAMES = (
 _U32 = struct.Struct("<I")
 #: The outer map of each table kind (docs/datapath.md): vip ids are unique across both.
 TABLE_MAPS = {abi.TableKind.MAGLEV: "lb_tables", abi.TableKind.BEAMER: "lb_btables"}
+
+
+#: Reads of a table that keeps being replaced under a reader before it gives up.
+_TABLE_READ_TRIES = 5
 
 
 def _u32(i: int) -> bytes:
@@ -209,18 +215,29 @@ class LbMaps:
         return None
 
     def _table(self, kind: abi.TableKind, vip_id: int) -> LookupTable | None:
-        raw = self[TABLE_MAPS[kind]].lookup(_u32(vip_id))
-        if raw is None:
-            return None
-        map_id = _U32.unpack(raw)[0]
-        table = self._tables.get(map_id)
-        if table is None:
+        # A reader in another process (a CLI, a test) can find a table id whose map the
+        # daemon has just replaced and freed: read the outer map again, then it names
+        # the new one.
+        for attempt in range(_TABLE_READ_TRIES):
+            raw = self[TABLE_MAPS[kind]].lookup(_u32(vip_id))
+            if raw is None:
+                return None
+            map_id = _U32.unpack(raw)[0]
+            table = self._tables.get(map_id)
+            if table is not None:
+                return table
             # A table this process did not write: read it by id (CAP_SYS_ADMIN, so only
             # before the daemon drops its capabilities, xdplb.privileges).
-            with Map.from_id(map_id) as inner:
-                table = LookupTable.from_contents(kind, inner.lookup_array())
+            try:
+                with Map.from_id(map_id) as inner:
+                    table = LookupTable.from_contents(kind, inner.lookup_array())
+            except BpfError as e:
+                if e.errno != errno.ENOENT or attempt == _TABLE_READ_TRIES - 1:
+                    raise
+                continue
             self._tables[map_id] = table
-        return table
+            return table
+        raise AssertionError("unreachable")
 
     def counters(self, *, exact_conns: bool = True, snap: Snapshot | None = None) -> Counters:
         """Every counter; the connection count is exact (reads the whole table) or
