@@ -33,15 +33,18 @@ int lb_xdp(struct xdp_md *ctx)
 	if (rc != LB_CONTINUE)
 		return rc;
 
+	/* Read once: the ACL's flags here, the rest from step 8 on (NULL: NO_CONFIG there). */
+	cfg = bpf_map_lookup_elem(&lb_config, &zero);
+
 	/* 2a: the global ACL, for any packet to a VIP address (lb_acl.h) */
-	rc = lb_acl_global(&pkt);
+	rc = lb_acl_global(&pkt, cfg);
 	if (rc != LB_CONTINUE)
 		return rc;
 
 	/* 3-5, 7: other protocols end here, fragments and ICMP take 4a-4c. */
 	rc = lb_parse_l4(ctx, &pkt, &cur);
 	if (rc == LB_SLOW) {
-		rc = lb_icmp_frag(ctx, &pkt, &cur, &cfg, &vip, &tgt);
+		rc = lb_icmp_frag(ctx, &pkt, &cur, cfg, &vip, &tgt);
 		if (rc != LB_CONTINUE)
 			return rc;
 		goto forward;
@@ -57,7 +60,6 @@ int lb_xdp(struct xdp_md *ctx)
 	if (rc != LB_CONTINUE)
 		return rc;
 
-	cfg = bpf_map_lookup_elem(&lb_config, &zero);
 	if (!cfg)
 		return lb_drop(XDPLB_DROP_NO_CONFIG);
 

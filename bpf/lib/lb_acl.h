@@ -104,16 +104,13 @@ static __always_inline int lb_acl_denied(const struct lb_pkt *pkt, __u32 scope, 
 }
 
 /*
- * Step 5a: the global ACL, for every packet to a VIP address (the port does not
- * matter).  LB_CONTINUE, or the drop verdict.  Nothing is read but lb_config
- * while the global scope has no rules.
+ * Step 2a: the global ACL, for every packet to a VIP address (the port does not
+ * matter).  LB_CONTINUE, or the drop verdict.  Nothing is read but cfg (lb_config[0],
+ * NULL if missing: then nothing is filtered) while the global scope has no rules.
  */
-static __always_inline int lb_acl_global(const struct lb_pkt *pkt)
+static __always_inline int lb_acl_global(const struct lb_pkt *pkt,
+					 const struct xdplb_config *cfg)
 {
-	const struct xdplb_config *cfg;
-	__u32 zero = 0;
-
-	cfg = bpf_map_lookup_elem(&lb_config, &zero);
 	if (!cfg || !(cfg->flags & (XDPLB_CFG_F_ACL | XDPLB_CFG_F_ACL_DENY)))
 		return LB_CONTINUE;
 	if (!lb_is_vip_addr(pkt))

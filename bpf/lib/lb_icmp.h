@@ -185,11 +185,12 @@ static __always_inline int lb_icmp_quote(struct xdp_md *ctx, struct lb_pkt *pkt,
 
 /*
  * Steps 4a-4c for a packet lb_parse_l4() called LB_SLOW.  Returns a verdict,
- * or LB_CONTINUE with *vipp, *cfgp and tgt filled in: encapsulate it.
+ * or LB_CONTINUE with *vipp and tgt filled in: encapsulate it.  cfg is
+ * lb_config[0], NULL if missing.
  */
 static __always_inline int lb_icmp_frag(struct xdp_md *ctx, struct lb_pkt *pkt,
 					struct lb_cursor *cur,
-					const struct xdplb_config **cfgp,
+					const struct xdplb_config *cfg,
 					const struct xdplb_vip_info **vipp,
 					struct lb_target *tgt)
 {
@@ -197,7 +198,7 @@ static __always_inline int lb_icmp_frag(struct xdp_md *ctx, struct lb_pkt *pkt,
 	const struct xdplb_vip_addr_info *ai;
 	struct xdplb_addr key = {};
 	__u8 *icmp = cur->l4;
-	__u32 zero = 0, fhash;
+	__u32 fhash;
 	enum xdplb_event ev;
 	int rc;
 
@@ -241,13 +242,12 @@ static __always_inline int lb_icmp_frag(struct xdp_md *ctx, struct lb_pkt *pkt,
 	if (rc != LB_CONTINUE)
 		return rc;
 
-	*cfgp = bpf_map_lookup_elem(&lb_config, &zero);
-	if (!*cfgp)
+	if (!cfg)
 		return lb_drop(XDPLB_DROP_NO_CONFIG);
 	/* The flow's own packets: connection table, then the VIP's table; nothing recorded. */
-	fhash = xdplb_flow_hash((const __u32 *)&pkt->flow, (*cfgp)->hash_seed);
-	if (ev == XDPLB_EV_FRAGMENT || !lb_conn_lookup(pkt, *cfgp, fhash, tgt)) {
-		rc = lb_table_pick(pkt, *vipp, *cfgp, fhash, tgt);
+	fhash = xdplb_flow_hash((const __u32 *)&pkt->flow, cfg->hash_seed);
+	if (ev == XDPLB_EV_FRAGMENT || !lb_conn_lookup(pkt, cfg, fhash, tgt)) {
+		rc = lb_table_pick(pkt, *vipp, cfg, fhash, tgt);
 		if (rc >= 0)
 			return rc;
 	}

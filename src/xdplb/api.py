@@ -192,6 +192,11 @@ def _with_vips(cfg: Config, vips: Sequence[VipConfig]) -> Config:
         raise ApiError(422, e.message, e.field) from None
 
 
+def _replacing_vip(cfg: Config, i: int, vip: VipConfig) -> Config:
+    """``cfg`` with ``vip`` in place of its i-th VIP, validated whole."""
+    return _with_vips(cfg, [*cfg.vips[:i], vip, *cfg.vips[i + 1 :]])
+
+
 def _with_acl(cfg: Config, acl: AclConfig, vip: int | None = None) -> Config:
     """``cfg`` with another global ACL (``vip`` None) or VIP ``vip``'s, validated whole."""
     data = cfg.model_dump(mode="json")
@@ -393,7 +398,7 @@ def create_app(
             if want != got:
                 raise ApiError(422, f"is {got}, the path says {want}", field)
         cfg, i = vip_config(ref)
-        return change(_with_vips(cfg, [*cfg.vips[:i], vip, *cfg.vips[i + 1 :]]), persist)
+        return change(_replacing_vip(cfg, i, vip), persist)
 
     @api.delete(vip_path, summary="Remove a VIP")
     async def delete_vip(
@@ -442,7 +447,7 @@ def create_app(
         else:
             bes[j] = body
         new = _with_backends(vip, bes)
-        return change(_with_vips(cfg, [*cfg.vips[:i], new, *cfg.vips[i + 1 :]]), persist)
+        return change(_replacing_vip(cfg, i, new), persist)
 
     @api.patch(be_path, summary="Change a backend's weight")
     async def patch_backend(
@@ -461,7 +466,7 @@ def create_app(
         bes = list(vip.backends)
         bes[j] = bes[j].model_copy(update={"weight": body.weight})
         new = _with_backends(vip, bes)
-        return change(_with_vips(cfg, [*cfg.vips[:i], new, *cfg.vips[i + 1 :]]), persist)
+        return change(_replacing_vip(cfg, i, new), persist)
 
     @api.delete(be_path, summary="Remove a backend from a VIP (no drain: see /drain)")
     async def delete_backend(
@@ -477,7 +482,7 @@ def create_app(
         vip = cfg.vips[i]
         j = _backend_index(vip, addr)
         new = _with_backends(vip, [*vip.backends[:j], *vip.backends[j + 1 :]])
-        return change(_with_vips(cfg, [*cfg.vips[:i], new, *cfg.vips[i + 1 :]]), persist)
+        return change(_replacing_vip(cfg, i, new), persist)
 
     def drain_target(
         address: IPAddress, port: int, protocol: L4Protocol, backend: IPAddress
