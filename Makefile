@@ -12,7 +12,7 @@ BPF_OBJS   := $(patsubst bpf/%.bpf.c,build/%.bpf.o,$(BPF_SRCS))
 TEST_SRCS  := $(wildcard tests/bpf/progs/*.bpf.c)
 TEST_OBJS  := $(patsubst tests/bpf/progs/%.bpf.c,build/test/%.bpf.o,$(TEST_SRCS))
 BPF_HDRS   := $(wildcard bpf/include/*.h bpf/lib/*.h)
-CFFI_MODS  := src/xdplb/datapath/libbpf_build.py src/xdplb/maglev_build.py
+CFFI_MODS  := src/xdplb/datapath/libbpf_build.py src/xdplb/tables/maglev_build.py
 PYTEST     := $(PY) -m pytest -q
 
 .PHONY: all deps build test test-unit test-bpf test-e2e fuzz demo bench soak lint clean
@@ -62,7 +62,7 @@ fuzz: build
 	FUZZ_PACKETS=$(FUZZ_PACKETS) $(PYTEST) -s tests/bpf/test_fuzz.py
 
 demo: build
-	$(PY) -m xdplb.demo
+	$(PY) -m xdplb.lab.demo
 
 bench: build
 	$(PY) bench/bench.py --out bench/results.json
@@ -78,4 +78,4 @@ lint: build
 	$(VENV)/bin/mypy
 
 clean:
-	rm -rf build src/xdplb/_*_c.*
+	rm -rf build src/xdplb/*/_*_c.*

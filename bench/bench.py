@@ -40,10 +40,12 @@ from rich.table import Table
 import bench_harness as bh
 import failover_bench
 import health_bench
-from xdplb import abi, maglev
 from xdplb.config import parse_config
+from xdplb.control.planner import apply_to_snapshot, plan
+from xdplb.core import abi
+from xdplb.core.mapops import PutTable
 from xdplb.datapath.lb import LbDatapath, destroy
-from xdplb.planner import PutTable, apply_to_snapshot, plan
+from xdplb.tables import maglev
 
 #: Ratio to the reference that lb_xdp must stay under, per path.
 TARGETS = {"known_flow": 3.5, "new_flow": 7.5, "non_vip": 2.0}

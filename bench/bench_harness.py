@@ -31,12 +31,12 @@ from collections.abc import Iterator
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, field
 
-from xdplb import abi, paths
 from xdplb.config import parse_config
+from xdplb.control.planner import plan
+from xdplb.core import abi, paths
 from xdplb.datapath import BpfObject, Program
 from xdplb.datapath.lb import LbDatapath, destroy
 from xdplb.lab import netns
-from xdplb.planner import plan
 
 XDP_ABORTED, XDP_DROP, XDP_PASS, XDP_TX = 0, 1, 2, 3
 VERDICT_NAMES = {0: "ABORTED", 1: "DROP", 2: "PASS", 3: "TX", 4: "REDIRECT"}

@@ -40,13 +40,13 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from xdplb.core.state import LookupTable
 from xdplb.datapath.lb import TABLE_MAPS, LbMaps
 from xdplb.datapath.maps import Map
 from xdplb.lab import Lab
 from xdplb.lab.host import attach_host
 from xdplb.lab.lbnode import LbNode
 from xdplb.lab.topology import cleanup_stale
-from xdplb.state import LookupTable
 
 VIP = "198.18.100.1"
 VICTIM = "b2"

@@ -29,8 +29,8 @@ from ipaddress import IPv4Address
 from pathlib import Path
 from typing import Any
 
+from xdplb.config.health import HealthCheckConfig
 from xdplb.health.checkers import CheckResult, Target, run_check
-from xdplb.health.config import HealthCheckConfig
 from xdplb.health.monitor import HealthMonitor
 from xdplb.lab import netns
 

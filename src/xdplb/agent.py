@@ -63,10 +63,10 @@ from pathlib import Path
 from types import FrameType, MappingProxyType, TracebackType
 from typing import Any
 
-from xdplb import paths
-from xdplb.abi import IPAddress
-from xdplb.errors import XdplbError
-from xdplb.loadfeedback import ConnKey, LoadReport
+from xdplb.core import paths
+from xdplb.core.addresses import IPAddress
+from xdplb.core.errors import XdplbError
+from xdplb.core.reports import ConnKey, LoadReport
 from xdplb.serverconns import ConnectionCounter, unmap
 
 log = logging.getLogger("xdplb.agent")

@@ -38,8 +38,8 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from types import TracebackType
 
-from xdplb.abi import IPAddress
-from xdplb.loadfeedback import ConnKey
+from xdplb.core.addresses import IPAddress
+from xdplb.core.reports import ConnKey
 
 #: TCP states as sock_diag numbers them (include/net/tcp_states.h).
 TCP_ESTABLISHED = 1

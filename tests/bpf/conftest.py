@@ -23,7 +23,7 @@ from pathlib import Path
 import pytest
 from lb_harness import LabNetns, Lb, configure_lab, serial
 
-from xdplb import paths
+from xdplb.core import paths
 from xdplb.datapath import BpfObject
 from xdplb.lab import netns
 

@@ -61,14 +61,15 @@ from test_differential import (
     stats_diff,
 )
 
-from xdplb import abi, hashing, model, paths
-from xdplb.acl import AclKey
+from xdplb import model
+from xdplb.core import abi, hashing, paths
+from xdplb.core.acl import AclKey
+from xdplb.core.errors import BpfError
+from xdplb.core.state import vip_addr_infos
 from xdplb.datapath import BPF_F_LOCK, BpfObject
 from xdplb.datapath.conns import SET_DTYPE, ConnTable
 from xdplb.datapath.testrun import TestRunResult
-from xdplb.errors import BpfError
 from xdplb.lab import netns
-from xdplb.state import vip_addr_infos
 
 CORPUS = Path(__file__).parent / "corpus"
 #: Packets per chunk: counters and the connection table are compared, and the table

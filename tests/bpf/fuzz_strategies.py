@@ -25,9 +25,9 @@ from dataclasses import dataclass
 
 from hypothesis import strategies as st
 
-from xdplb import abi, model
-
-IPAddress = abi.IPAddress
+from xdplb import model
+from xdplb.core import abi
+from xdplb.core.addresses import IPAddress
 
 TCP, UDP, ICMP, ICMP6 = 6, 17, 1, 58
 IPIP, IPV6 = 4, 41

@@ -3,7 +3,7 @@ the expected verdict, the expected output frame and the exact counter deltas.
 
 The expected outputs are built independently of the program, from docs/datapath.md:
 outer headers with scapy, the GUE hop list by hand, the flow hash with
-``xdplb.hashing.flow_hash`` (checked bit for bit against bpf/lib/hash.h elsewhere).
+``xdplb.core.hashing.flow_hash`` (checked bit for bit against bpf/lib/hash.h elsewhere).
 The same table can drive a performance run (``Case.frame`` is all it needs).
 """
 
@@ -20,9 +20,9 @@ from scapy.layers.inet6 import IPv6
 from scapy.layers.l2 import ARP, Dot1Q, Ether
 from scapy.packet import Packet, Raw
 
-from xdplb import abi
-from xdplb.abi import DropReason, Encap, Event, TableKind
-from xdplb.hashing import flow_hash
+from xdplb.core import abi
+from xdplb.core.abi import DropReason, Encap, Event, TableKind
+from xdplb.core.hashing import flow_hash
 
 XDP_ABORTED, XDP_DROP, XDP_PASS, XDP_TX, XDP_REDIRECT = range(5)
 VERDICTS = {0: "XDP_ABORTED", 1: "XDP_DROP", 2: "XDP_PASS", 3: "XDP_TX", 4: "XDP_REDIRECT"}

@@ -1,4 +1,4 @@
-"""src/xdplb/abi.py against the BTF of the built objects, mechanically (STYLE.md, point 2).
+"""src/xdplb/core/abi.py against the BTF of the built objects, mechanically (STYLE.md, point 2).
 
 A Python mirror that drifts from its C struct does not fail loudly: a key with a
 field at the wrong offset simply never matches.  So every struct of
@@ -28,7 +28,7 @@ from typing import Any
 
 import pytest
 
-from xdplb import abi, paths
+from xdplb.core import abi, paths
 
 pytestmark = pytest.mark.bpf
 

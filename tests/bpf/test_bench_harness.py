@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from xdplb import abi, paths
+from xdplb.core import abi, paths
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "bench"))

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 from lb_harness import Lb
 
-from xdplb import abi, hashing
+from xdplb.core import abi, hashing
 from xdplb.datapath.conns import SETS, ConnTable, TornRead, set_index
 
 pytestmark = pytest.mark.bpf

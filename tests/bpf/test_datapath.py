@@ -21,7 +21,8 @@ from pathlib import Path
 import numpy
 import pytest
 
-from xdplb import paths
+from xdplb.core import paths
+from xdplb.core.errors import BpfError, LoadError
 from xdplb.datapath import (
     BPF_ANY,
     BPF_EXIST,
@@ -39,7 +40,6 @@ from xdplb.datapath import (
     tc_detach,
     tc_query,
 )
-from xdplb.errors import BpfError, LoadError
 from xdplb.lab import netns
 
 pytestmark = pytest.mark.bpf

@@ -2,7 +2,7 @@
 
 10,000 random flows (TCP and UDP, IPv4 and IPv6, an exact VIP, a port-0 wildcard,
 a source-hash VIP, an IPIP VIP, a Beamer VIP, cross-family backends, Maglev tables
-from xdplb.maglev) go through BPF_PROG_TEST_RUN and through xdplb.model; each
+from xdplb.tables.maglev) go through BPF_PROG_TEST_RUN and through xdplb.model; each
 must leave with exactly the model's encapsulated packet (outer destination, GUE
 source port, hop list, every byte from the outer IP header on) and the Ethernet
 addresses of the backend's neighbour.  Then the same flows again (connection
@@ -27,8 +27,9 @@ import lb_fixtures as fx
 import numpy as np
 import pytest
 
-from xdplb import abi, model
-from xdplb.acl import rule_value
+from xdplb import model
+from xdplb.core import abi
+from xdplb.core.acl import rule_value
 from xdplb.datapath import BPF_F_INNER_MAP, BpfObject, Map, MapType
 from xdplb.datapath.conns import ConnTable
 from xdplb.datapath.lb import TABLE_MAPS
@@ -190,9 +191,9 @@ def mlb(lb_obj: BpfObject, lb_netns: Any) -> Iterator[ModelLb]:
 
 
 def maglev_ids(ids: list[int], size: int, weights: list[int] | None = None) -> np.ndarray:
-    """A Maglev table of backend ids (xdplb.maglev if built, else a seeded random table)."""
+    """A Maglev table of backend ids (xdplb.tables.maglev if built, else a seeded random table)."""
     try:
-        from xdplb import maglev
+        from xdplb.tables import maglev
     except ImportError:  # pragma: no cover - the C helper is not built
         rng = np.random.default_rng(size)
         return rng.choice(np.array(ids, dtype=np.uint32), size)

@@ -39,7 +39,8 @@ from fuzz_lb import (
 )
 from test_differential import ModelLb, mlb
 
-from xdplb import abi, model
+from xdplb import model
+from xdplb.core import abi
 from xdplb.datapath import BpfObject
 
 pytestmark = pytest.mark.bpf

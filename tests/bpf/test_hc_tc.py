@@ -6,7 +6,7 @@ ifb device and loads hc_tc; each run hands hc_tc a frame as the stack would put 
 that device, with the socket's mark in ``skb->mark``.
 
 - byte-exact outputs for IPv4/IPv6, TCP/UDP, GUE/IPIP (expected frames built with scapy
-  and ``xdplb.hashing``, independently of the program);
+  and ``xdplb.core.hashing``, independently of the program);
 - differential: for the same packet, hc_tc's frame is lb_xdp's frame, byte for byte;
 - round trip: host_tc decapsulates hc_tc's output back to the original packet;
 - every drop reason, each counted exactly once.
@@ -28,11 +28,11 @@ from scapy.layers.inet6 import IPv6
 from scapy.layers.l2 import ARP, Ether
 from scapy.packet import Packet, Raw
 
-from xdplb import abi
+from xdplb.core import abi
+from xdplb.core.hashing import flow_hash
 from xdplb.datapath.hc import HealthTunnel, destroy_health_tunnel
 from xdplb.datapath.host import HostDatapath
 from xdplb.datapath.testrun import TestRunResult, skb_ctx
-from xdplb.hashing import flow_hash
 
 pytestmark = pytest.mark.bpf
 

@@ -29,7 +29,8 @@ from scapy.layers.inet6 import IPv6
 from scapy.layers.l2 import ARP, Ether
 from scapy.packet import Packet
 
-from xdplb import abi
+from xdplb.core import abi
+from xdplb.core.addresses import IPAddress
 from xdplb.datapath import Program
 from xdplb.datapath.host import HostDatapath
 from xdplb.datapath.testrun import TestRunResult
@@ -378,7 +379,7 @@ def _accepted(
     ns: ChainNs,
     inner: Packet,
     event: abi.HostEvent,
-    hops: list[abi.IPAddress],
+    hops: list[IPAddress],
     next_hop: int = 0,
 ) -> None:
     """GUE from the LB to hops[next_hop] (this host) is decapsulated here, ``event``."""
@@ -571,7 +572,7 @@ FAR = {
 }
 
 
-def _hop_lists(fam: int) -> list[tuple[list[abi.IPAddress], int]]:
+def _hop_lists(fam: int) -> list[tuple[list[IPAddress], int]]:
     """(hop list, index of this host): this host at hop 1 of 3, hop 1 of 4, hop 2 of 4,
     OTHER right after it."""
     a, b = FAR[fam]

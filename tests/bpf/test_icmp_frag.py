@@ -31,11 +31,12 @@ from scapy.packet import Packet, Raw
 from test_differential import ModelLb, check_forward, make_state
 from test_lb_xdp import run_case
 
-from xdplb import abi, model
-from xdplb.abi import DropReason, Event
+from xdplb import model
+from xdplb.core import abi
+from xdplb.core.abi import DropReason, Event
+from xdplb.core.hashing import flow_hash
+from xdplb.core.state import VipAddrInfo, vip_addr_infos
 from xdplb.datapath import BpfObject
-from xdplb.hashing import flow_hash
-from xdplb.state import VipAddrInfo, vip_addr_infos
 
 pytestmark = pytest.mark.bpf
 

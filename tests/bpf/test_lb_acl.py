@@ -20,8 +20,9 @@ import lb_fixtures as fx
 import pytest
 from lb_harness import Lb
 
-from xdplb import abi, model
-from xdplb.acl import AclKey, rate_key, rule_value
+from xdplb import model
+from xdplb.core import abi
+from xdplb.core.acl import AclKey, rate_key, rule_value
 from xdplb.datapath.lb import MAP_NAMES, LbMaps
 
 pytestmark = pytest.mark.bpf

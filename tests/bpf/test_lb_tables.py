@@ -16,12 +16,12 @@ from collections.abc import Iterator
 import numpy as np
 import pytest
 
-from xdplb import abi
+from xdplb.core import abi
+from xdplb.core.errors import BpfError
+from xdplb.core.mapops import DeleteTable, PutTable
+from xdplb.core.state import LookupTable
 from xdplb.datapath import Map
 from xdplb.datapath.lb import LbDatapath, LbMaps, destroy
-from xdplb.errors import BpfError
-from xdplb.planner import DeleteTable, PutTable
-from xdplb.state import LookupTable
 
 pytestmark = pytest.mark.bpf
 

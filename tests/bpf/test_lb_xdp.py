@@ -17,8 +17,8 @@ from scapy.layers.inet import TCP
 from scapy.layers.l2 import Ether
 from scapy.utils import hexdump
 
-from xdplb import abi
-from xdplb.abi import DropReason, Event
+from xdplb.core import abi
+from xdplb.core.abi import DropReason, Event
 
 pytestmark = pytest.mark.bpf
 

@@ -38,7 +38,8 @@ from test_differential import (  # the harness and lab of the differential test
     stats_diff,
 )
 
-from xdplb import abi, model
+from xdplb import model
+from xdplb.core import abi
 from xdplb.datapath.conns import ConnTable
 
 pytestmark = pytest.mark.bpf

@@ -25,15 +25,16 @@ from test_differential import (
     run_all,
 )
 
-from xdplb import abi, hashing, limits, model, paths
+from xdplb import model
 from xdplb.config import LimitsConfig
+from xdplb.core import abi, hashing, limits, paths
+from xdplb.core.errors import ConfigError
+from xdplb.core.mapops import SetConfig
+from xdplb.core.state import LbConfig
 from xdplb.datapath import BpfObject
 from xdplb.datapath.conns import ConnTable
 from xdplb.datapath.lb import LbDatapath, LbMaps, check_pins, destroy
 from xdplb.datapath.objects import PinnedSizeError
-from xdplb.errors import ConfigError
-from xdplb.planner import SetConfig
-from xdplb.state import LbConfig
 
 pytestmark = pytest.mark.bpf
 

@@ -1,6 +1,6 @@
 """The agent on a backend counts its server-side connections for real: sock_diag in the
 backend's namespace, reports over UDP to a receiver in the LB's namespace, the daemon's
-tracker (:class:`xdplb.drain.ConnectionCounts`) reading them.
+tracker (:class:`xdplb.control.drain.ConnectionCounts`) reading them.
 
 No LB runs: connections reach b1 either from inside b1 itself (to the VIPs on its
 loopback, so both ends are b1's sockets and its client-side ones must not count) or from
@@ -19,10 +19,10 @@ from typing import Any
 import pytest
 
 from xdplb.agent import ReportReceiver
-from xdplb.drain import ConnectionCounts, Count, drain_done
+from xdplb.control.drain import ConnectionCounts, Count, drain_done
+from xdplb.core.reports import LoadReport
 from xdplb.lab import Lab
 from xdplb.lab.agents import start_agent
-from xdplb.loadfeedback import LoadReport
 
 pytestmark = pytest.mark.e2e
 

@@ -13,7 +13,7 @@ import schemathesis
 from hypothesis import HealthCheck, settings
 from schemathesis.checks import not_a_server_error
 
-from xdplb.api import openapi_spec
+from xdplb.daemon.api import openapi_spec
 from xdplb.lab import Lab
 from xdplb.lab.lbnode import LbNode
 

@@ -28,7 +28,8 @@ from typing import Any
 
 import pytest
 
-from xdplb import abi, model
+from xdplb import model
+from xdplb.core import abi
 from xdplb.lab import Lab, cleanup_stale
 from xdplb.lab.host import attach_host
 from xdplb.lab.lbnode import LbNode

@@ -63,7 +63,7 @@ def test_drain_wait_enable(lab: Lab, lb: LbNode) -> None:
         [
             sys.executable,
             "-m",
-            "xdplb.cli",
+            "xdplb.cli.app",
             "backend",
             "drain",
             VIP_NAME,

@@ -30,7 +30,7 @@ from typing import Any
 
 import pytest
 
-from xdplb.abi import DropReason, Event
+from xdplb.core.abi import DropReason, Event
 from xdplb.lab import Lab
 from xdplb.lab.flood import SynFlood
 from xdplb.lab.host import attach_host

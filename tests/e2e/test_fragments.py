@@ -26,8 +26,9 @@ from pathlib import Path
 
 import pytest
 
-from xdplb import abi, model
-from xdplb.abi import DropReason, Event
+from xdplb import model
+from xdplb.core import abi
+from xdplb.core.abi import DropReason, Event
 from xdplb.lab import Lab
 from xdplb.lab.lbnode import LbNode
 from xdplb.lab.topology import CLIENT_MTU

@@ -21,7 +21,7 @@ from collections.abc import Callable, Iterator
 import pytest
 from pyroute2 import IPRoute
 
-from xdplb import abi, paths
+from xdplb.core import abi, paths
 from xdplb.datapath import tc_detach
 from xdplb.datapath.hc import (
     HC_MARK_BASE,

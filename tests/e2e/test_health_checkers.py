@@ -21,8 +21,8 @@ from typing import Any, cast
 
 import pytest
 
+from xdplb.config.health import HealthCheckConfig
 from xdplb.health.checkers import SO_MARK, CheckResult, Target, open_socket, run_check, url_of
-from xdplb.health.config import HealthCheckConfig
 from xdplb.lab import netns
 
 pytestmark = pytest.mark.e2e

@@ -21,7 +21,8 @@ import pytest
 from scapy.layers.inet import IP, UDP
 from scapy.layers.inet6 import IPv6
 
-from xdplb import abi, paths
+from xdplb.core import abi, paths
+from xdplb.core.addresses import IPAddress
 from xdplb.lab import Lab, cleanup_stale
 from xdplb.lab.host import attach_host
 from xdplb.lab.packets import ether, gue_encap, ipip_encap
@@ -42,7 +43,7 @@ def echo_lab(lab: Lab) -> Iterator[Lab]:
         proc.wait()
 
 
-def _vip(lab: Lab, family: int) -> abi.IPAddress:
+def _vip(lab: Lab, family: int) -> IPAddress:
     return next(v for v in lab.vips if v.version == family)
 
 
@@ -190,7 +191,7 @@ def test_host_commands_attach_count_and_detach(lab_factory: Any) -> None:
     small = lab_factory(backends=1)
     instance = f"{small.prefix}-b1"
     small.pin_root("b1")  # removed at teardown whatever happens
-    cli = [sys.executable, "-m", "xdplb.cli", "host"]
+    cli = [sys.executable, "-m", "xdplb.cli.app", "host"]
     b1 = [str(small.addr("b1", 4)), str(small.addr("b1", 6))]
     small.run(
         "b1", [*cli, "attach", "--dev", "eth0", "--addr", b1[0], "--addr", b1[1], "-i", instance]

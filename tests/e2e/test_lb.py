@@ -23,7 +23,8 @@ from typing import Any
 
 import pytest
 
-from xdplb import abi, model
+from xdplb import model
+from xdplb.core import abi
 from xdplb.lab import Lab
 from xdplb.lab.lbnode import LbNode
 from xdplb.lab.traffic import EchoStream, ExchangeError, http_post, udp_exchange
@@ -238,7 +239,7 @@ def test_editing_the_file_reloads_without_a_signal(lab: Lab, lb: LbNode) -> None
 
 
 def test_status_and_stop(lab: Lab, lb: LbNode) -> None:
-    cli = [sys.executable, "-m", "xdplb.cli"]
+    cli = [sys.executable, "-m", "xdplb.cli.app"]
     # From the daemon, through its API.
     out = subprocess.run(
         [*cli, "status", "-i", lb.instance, "--json"], check=True, capture_output=True, text=True

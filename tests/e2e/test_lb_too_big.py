@@ -31,7 +31,7 @@ from typing import Any
 
 import pytest
 
-from xdplb.abi import DropReason, Event
+from xdplb.core.abi import DropReason, Event
 from xdplb.lab import Lab, cleanup_stale
 from xdplb.lab.host import attach_host
 from xdplb.lab.lbnode import LbNode

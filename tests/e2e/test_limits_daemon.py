@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from xdplb.errors import LabError
+from xdplb.core.errors import LabError
 from xdplb.lab import Lab
 from xdplb.lab.lbnode import LbNode
 from xdplb.lab.traffic import EchoStream

@@ -27,8 +27,8 @@ from pathlib import Path
 
 import pytest
 
-from xdplb import paths
-from xdplb.abi import Event
+from xdplb.core import paths
+from xdplb.core.abi import Event
 from xdplb.datapath import BpfObject, tc_attach, tc_hook_destroy
 from xdplb.lab import Lab, cleanup_stale
 from xdplb.lab.host import attach_host

@@ -1,5 +1,5 @@
 """What is left of root's powers once the daemon serves: only the capabilities it needs
-(``xdplb.privileges.DAEMON_KEEP``), in every set, with no_new_privs, so even its health
+(``xdplb.daemon.privileges.DAEMON_KEEP``), in every set, with no_new_privs, so even its health
 checks' commands cannot get more. And it still does all of its work without the rest:
 a reload that adds a VIP (a new table map), health checks through the tunnel, status
 (tables read from its own record, not by id), traffic to the new VIP. Its pins are
@@ -15,7 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from xdplb import paths, privileges
+from xdplb.core import paths
+from xdplb.daemon import privileges
 from xdplb.lab import Lab
 from xdplb.lab.lbnode import LbNode
 from xdplb.lab.traffic import EchoStream

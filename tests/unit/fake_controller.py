@@ -1,4 +1,4 @@
-"""A :class:`~xdplb.control.Controller` without a kernel, for the API, metrics and CLI
+"""A :class:`~xdplb.control.interface.Controller` without a kernel, for the API, metrics and CLI
 tests: it keeps a real :class:`Config` (replace_config stores it), drain states, and
 builds a :class:`Status` from them with counters the test can set."""
 
@@ -9,7 +9,7 @@ import threading
 from dataclasses import dataclass, field
 
 from xdplb.config import Config, parse_config
-from xdplb.control import (
+from xdplb.control.interface import (
     AclHits,
     Admin,
     BackendStatus,
@@ -21,7 +21,7 @@ from xdplb.control import (
     VipRef,
     VipStatus,
 )
-from xdplb.errors import ConfigError
+from xdplb.core.errors import ConfigError
 
 CONFIG = {
     "instance": "fake",

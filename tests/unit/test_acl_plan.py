@@ -9,19 +9,13 @@ from typing import Any
 
 import pytest
 
-from xdplb import abi, model
-from xdplb.acl import AclIndex, AclKey, rate_key
+from xdplb import model
 from xdplb.config import Config, parse_config
-from xdplb.planner import (
-    DeleteAcl,
-    PutAcl,
-    PutTable,
-    PutVip,
-    SetConfig,
-    apply_to_snapshot,
-    plan,
-)
-from xdplb.state import BackendState, LbConfig, LookupTable, Snapshot, Vip, VipParams
+from xdplb.control.planner import apply_to_snapshot, plan
+from xdplb.core import abi
+from xdplb.core.acl import AclIndex, AclKey, rate_key
+from xdplb.core.mapops import DeleteAcl, PutAcl, PutTable, PutVip, SetConfig
+from xdplb.core.state import BackendState, LbConfig, LookupTable, Snapshot, Vip, VipParams
 
 pytestmark = pytest.mark.unit
 

@@ -14,7 +14,6 @@ from typing import Any
 import pytest
 
 from xdplb import agent as agent_module
-from xdplb import paths
 from xdplb.agent import (
     MAX_CHAIN,
     MAX_CONN_COUNT,
@@ -39,7 +38,8 @@ from xdplb.agent import (
     read_passive_opens,
     run_agent,
 )
-from xdplb.loadfeedback import ConnKey, LoadReport
+from xdplb.core import paths
+from xdplb.core.reports import ConnKey, LoadReport
 
 pytestmark = pytest.mark.unit
 

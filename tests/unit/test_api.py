@@ -14,10 +14,10 @@ from fake_controller import FakeController
 from fastapi.testclient import TestClient
 from prometheus_client.parser import text_string_to_metric_families
 
-from xdplb.api import create_app, openapi_spec
 from xdplb.config import parse_config
-from xdplb.control import BackendStatus, DrainStatus, Status, VipStatus
-from xdplb.metrics import Metrics
+from xdplb.control.interface import BackendStatus, DrainStatus, Status, VipStatus
+from xdplb.daemon.api import create_app, openapi_spec
+from xdplb.daemon.metrics import Metrics
 
 pytestmark = pytest.mark.unit
 
@@ -244,7 +244,7 @@ def test_a_bug_is_a_logged_500(
     client: TestClient, fake: FakeController, caplog: pytest.LogCaptureFixture
 ) -> None:
     fake.explode = True
-    with caplog.at_level(logging.ERROR, logger="xdplb.api"):
+    with caplog.at_level(logging.ERROR, logger="xdplb.daemon.api"):
         r = client.patch(BE, json={"weight": 3})
     assert error(r, 500) == ("internal error (see the daemon's log)", "")
     assert "the fake exploded" in caplog.text  # the traceback is in the log, not the answer
@@ -375,7 +375,7 @@ def test_docs_openapi_json_is_up_to_date(client: TestClient) -> None:
     spec = openapi_spec()
     assert client.get("/openapi.json").json() == spec
     published = json.loads((ROOT / "docs" / "openapi.json").read_text())
-    assert published == spec, "run: python -m xdplb.api --openapi > docs/openapi.json"
+    assert published == spec, "run: python -m xdplb.daemon.api --openapi > docs/openapi.json"
     # No Swagger UI or ReDoc: they load their scripts from a CDN.
     assert client.get("/docs").status_code == 404
     assert client.get("/redoc").status_code == 404

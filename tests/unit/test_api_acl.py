@@ -11,8 +11,8 @@ from fake_controller import FakeController
 from fastapi.testclient import TestClient
 from prometheus_client.parser import text_string_to_metric_families
 
-from xdplb.api import create_app
-from xdplb.control import AclView
+from xdplb.control.interface import AclView
+from xdplb.daemon.api import create_app
 
 pytestmark = pytest.mark.unit
 

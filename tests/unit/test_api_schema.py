@@ -18,7 +18,7 @@ from fake_controller import FakeController
 from hypothesis import HealthCheck, settings
 from schemathesis.checks import negative_data_rejection, positive_data_acceptance
 
-from xdplb.api import create_app
+from xdplb.daemon.api import create_app
 
 pytestmark = pytest.mark.unit
 

@@ -13,8 +13,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from xdplb import abi, beamer
-from xdplb.state import LookupTable
+from xdplb.core import abi
+from xdplb.core.state import LookupTable
+from xdplb.tables import beamer
 
 pytestmark = pytest.mark.unit
 

@@ -8,7 +8,7 @@ import pytest
 import typer
 from typer.testing import CliRunner
 
-from xdplb.cli import EXIT_CONFIG, EXIT_NOT_RUNNING, EXIT_OK, app
+from xdplb.cli.app import EXIT_CONFIG, EXIT_NOT_RUNNING, EXIT_OK, app
 
 pytestmark = pytest.mark.unit
 

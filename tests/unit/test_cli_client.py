@@ -18,10 +18,11 @@ import uvicorn
 from fake_controller import FakeController
 from typer.testing import CliRunner
 
-from xdplb.api import create_app
-from xdplb.cli import EXIT_CONFIG, EXIT_NOT_RUNNING, EXIT_OK, EXIT_RUNTIME, app
-from xdplb.client import Client, NotRunning, api_socket, parse_vip
-from xdplb.control import Status
+from xdplb.cli.app import EXIT_CONFIG, EXIT_NOT_RUNNING, EXIT_OK, EXIT_RUNTIME, app
+from xdplb.cli.client import Client, NotRunning, parse_vip
+from xdplb.control.interface import Status
+from xdplb.core.paths import api_socket
+from xdplb.daemon.api import create_app
 
 pytestmark = pytest.mark.unit
 

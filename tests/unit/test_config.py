@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 
 from xdplb.config import Config, EncapKind, HashFields, load_config, parse_config
-from xdplb.errors import ConfigError
+from xdplb.core.errors import ConfigError
 
 pytestmark = pytest.mark.unit
 

@@ -7,8 +7,8 @@ import ipaddress
 
 import pytest
 
-from xdplb.drain import ConnectionCounts, Count, backend_address, drain_done
-from xdplb.loadfeedback import ConnKey, LoadReport
+from xdplb.control.drain import ConnectionCounts, Count, backend_address, drain_done
+from xdplb.core.reports import ConnKey, LoadReport
 
 pytestmark = pytest.mark.unit
 

@@ -10,8 +10,8 @@ import pytest
 
 from xdplb.agent import ReportReceiver, WireReport, encode_report
 from xdplb.config import Config, parse_config
-from xdplb.errors import ConfigError
-from xdplb.feedback import WeightFeedback
+from xdplb.control.vip_weights import WeightFeedback
+from xdplb.core.errors import ConfigError
 
 pytestmark = pytest.mark.unit
 

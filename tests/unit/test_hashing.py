@@ -1,4 +1,4 @@
-"""xdplb.hashing against bpf/lib/hash.h itself, compiled for the host.
+"""xdplb.core.hashing against bpf/lib/hash.h itself, compiled for the host.
 
 The data plane and the Python model must pick the same bucket for every flow,
 so the reference here is the very header lb_xdp includes, not a transcription.
@@ -18,7 +18,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from xdplb import abi, hashing
+from xdplb.core import abi, hashing
 
 pytestmark = pytest.mark.unit
 

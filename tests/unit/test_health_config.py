@@ -8,7 +8,7 @@ import pytest
 import yaml
 from pydantic import ValidationError
 
-from xdplb.health.config import HealthCheckConfig
+from xdplb.config.health import HealthCheckConfig
 
 pytestmark = pytest.mark.unit
 

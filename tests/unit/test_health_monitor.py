@@ -17,8 +17,8 @@ from typing import Any
 
 import pytest
 
+from xdplb.config.health import HealthCheckConfig
 from xdplb.health.checkers import CheckResult, Target
-from xdplb.health.config import HealthCheckConfig
 from xdplb.health.monitor import HealthMonitor
 
 pytestmark = pytest.mark.unit

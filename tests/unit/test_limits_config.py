@@ -8,13 +8,13 @@ from typing import Any
 
 import pytest
 
-from xdplb import abi, limits
-from xdplb.config import Config, LimitsConfig, parse_config
-from xdplb.control import MapStatus, Status
-from xdplb.errors import ConfigError
-from xdplb.metrics import families
-from xdplb.planner import apply_to_snapshot, desired_config, plan
-from xdplb.state import BackendState, Snapshot
+from xdplb.config import Config, LimitsConfig, check_limits_unchanged, parse_config
+from xdplb.control.interface import MapStatus, Status
+from xdplb.control.planner import apply_to_snapshot, desired_config, plan
+from xdplb.core import abi, limits
+from xdplb.core.errors import ConfigError
+from xdplb.core.state import BackendState, Snapshot
+from xdplb.daemon.metrics import families
 
 pytestmark = pytest.mark.unit
 
@@ -211,8 +211,8 @@ def test_new_vip_addresses_must_fit_next_to_the_old_ones() -> None:
 
 def test_changing_limits_while_running_names_the_field() -> None:
     old = LimitsConfig()
-    limits.check_limits_unchanged(old, LimitsConfig())
-    e = refused(lambda: limits.check_limits_unchanged(old, LimitsConfig(conn_table=65536)))
+    check_limits_unchanged(old, LimitsConfig())
+    e = refused(lambda: check_limits_unchanged(old, LimitsConfig(conn_table=65536)))
     assert e.field == "limits.conn_table"
     assert "cannot change while running (262144 -> 65536)" in e.message
 

@@ -13,7 +13,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from xdplb.loadfeedback import Bounds, FeedbackConfig, LoadController, LoadReport
+from xdplb.control.weight_law import Bounds, FeedbackConfig, LoadController
+from xdplb.core.reports import LoadReport
 
 pytestmark = pytest.mark.unit
 

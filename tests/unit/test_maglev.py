@@ -9,7 +9,8 @@ import pytest
 from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
-from xdplb import maglev
+from xdplb.tables import maglev
+from xdplb.tables.primes import is_prime
 
 pytestmark = pytest.mark.unit
 
@@ -184,7 +185,7 @@ def test_bad_input(backends: dict[str, int], size: int, message: str) -> None:
 
 
 def test_is_prime() -> None:
-    small = [n for n in range(200) if maglev.is_prime(n)]
+    small = [n for n in range(200) if is_prime(n)]
     assert small == [n for n in range(2, 200) if all(n % d for d in range(2, n))]
-    assert maglev.is_prime(65537) and maglev.is_prime(655373) and maglev.is_prime(2**31 - 1)
-    assert not maglev.is_prime(65535) and not maglev.is_prime(641 * 6700417)
+    assert is_prime(65537) and is_prime(655373) and is_prime(2**31 - 1)
+    assert not is_prime(65535) and not is_prime(641 * 6700417)

@@ -14,8 +14,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from xdplb import abi, hashing
 from xdplb import model as m
+from xdplb.core import abi, hashing
+from xdplb.core.addresses import IPAddress
 
 pytestmark = pytest.mark.unit
 
@@ -80,9 +81,7 @@ def state(**changes: object) -> m.DataplaneState:
 S = state()
 
 
-def flow(
-    dst: abi.IPAddress = VIP4, dport: int = 80, proto: int = TCP, sport: int = 40000
-) -> m.Flow:
+def flow(dst: IPAddress = VIP4, dport: int = 80, proto: int = TCP, sport: int = 40000) -> m.Flow:
     src = CLIENT4 if dst.version == 4 else CLIENT6
     return m.Flow(src, dst, sport, dport, proto)
 
@@ -208,7 +207,7 @@ def test_ipv6_extension_header_is_walked() -> None:
 # --- 4. IPv4 fragments (more in test_model_icmp.py) -----------------------------------
 
 
-def fragment(dst: abi.IPAddress, frag: int, dport: int = 80) -> bytes:
+def fragment(dst: IPAddress, frag: int, dport: int = 80) -> bytes:
     tcp = m.l4_header(TCP, 40000, dport)
     return m.ethernet(m.ip_packet(CLIENT4, dst, TCP, tcp, frag=frag), 4)
 
@@ -238,7 +237,7 @@ def test_fragment_uses_lb_vip_addrs_not_lb_vips() -> None:
 # --- 5. L4 header ----------------------------------------------------------------------
 
 
-def with_l4(dst: abi.IPAddress, proto: int, l4: bytes) -> bytes:
+def with_l4(dst: IPAddress, proto: int, l4: bytes) -> bytes:
     src = CLIENT4 if dst.version == 4 else CLIENT6
     return m.ethernet(m.ip_packet(src, dst, proto, l4), dst.version)
 
@@ -256,7 +255,7 @@ def with_l4(dst: abi.IPAddress, proto: int, l4: bytes) -> bytes:
 )
 @pytest.mark.parametrize("dst", [VIP4, VIP6])
 def test_truncated_l4_to_a_vip_address_drops(
-    desc: str, proto: int, l4: bytes, dst: abi.IPAddress
+    desc: str, proto: int, l4: bytes, dst: IPAddress
 ) -> None:
     d = m.decide(S, with_l4(dst, proto, l4))
     assert (d.outcome, d.drop) == (m.Outcome.DROP, abi.DropReason.MALFORMED_L4), desc
@@ -671,7 +670,7 @@ def test_predict_backend_matches_decide() -> None:
         assert m.predict_backend(S, f) == want
 
 
-SRCS: dict[int, list[abi.IPAddress]] = {
+SRCS: dict[int, list[IPAddress]] = {
     4: [CLIENT4, V4("198.19.200.1")],
     6: [CLIENT6, V6("fd78:6470:6c62:2::99")],
 }
@@ -679,7 +678,7 @@ SRCS: dict[int, list[abi.IPAddress]] = {
 
 @st.composite
 def flows_strategy(draw: st.DrawFn) -> m.Flow:
-    dsts: list[abi.IPAddress] = [VIP4, VIP4_NOTABLE, VIP4_BEAMER, OTHER4, VIP6]
+    dsts: list[IPAddress] = [VIP4, VIP4_NOTABLE, VIP4_BEAMER, OTHER4, VIP6]
     dst = draw(st.sampled_from(dsts))
     return m.Flow(
         draw(st.sampled_from(SRCS[dst.version])),

@@ -8,7 +8,7 @@ import ipaddress
 import pytest
 
 from xdplb.config import Config, parse_config
-from xdplb.overlay import Overlay, effective
+from xdplb.control.overlay import Overlay, effective
 
 pytestmark = pytest.mark.unit
 

@@ -8,11 +8,11 @@ from typing import Any
 
 import pytest
 
-from xdplb import abi
 from xdplb.config import Config, parse_config
-from xdplb.errors import ConfigError
-from xdplb.planner import (
-    BeamerMemory,
+from xdplb.control.planner import BeamerMemory, apply_to_snapshot, beamer_pending, plan, vip_key
+from xdplb.core import abi
+from xdplb.core.errors import ConfigError
+from xdplb.core.mapops import (
     DeleteBackend,
     DeleteTable,
     DeleteVip,
@@ -23,13 +23,8 @@ from xdplb.planner import (
     PutVip,
     PutVipAddr,
     SetConfig,
-    Snapshot,
-    apply_to_snapshot,
-    beamer_pending,
-    plan,
-    vip_key,
 )
-from xdplb.state import Vip, VipAddrInfo, fragment_vip
+from xdplb.core.state import Snapshot, Vip, VipAddrInfo, fragment_vip
 
 pytestmark = pytest.mark.unit
 

@@ -10,14 +10,14 @@ from collections.abc import Iterator
 from contextlib import contextmanager, suppress
 from typing import Any, TypeAlias
 
-from xdplb.errors import BpfError
+from xdplb.core.errors import BpfError
 
 try:
-    from xdplb._libbpf_c import ffi as ffi
-    from xdplb._libbpf_c import lib as lib
+    from xdplb.datapath._libbpf_c import ffi as ffi
+    from xdplb.datapath._libbpf_c import lib as lib
 except ImportError as exc:  # pragma: no cover - depends on the build
     raise ImportError(
-        "xdplb._libbpf_c is missing: run `make build` "
+        "xdplb.datapath._libbpf_c is missing: run `make build` "
         "(or .venv/bin/python src/xdplb/datapath/libbpf_build.py)"
     ) from exc
 

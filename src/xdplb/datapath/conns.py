@@ -25,7 +25,7 @@ import ctypes
 import numpy as np
 import numpy.typing as npt
 
-from xdplb import abi, hashing
+from xdplb.core import abi, hashing
 from xdplb.datapath.maps import BPF_F_LOCK, Map
 
 WAYS = abi.CONN_WAYS

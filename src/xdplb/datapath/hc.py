@@ -64,13 +64,12 @@ from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any, NamedTuple
 
-from xdplb import abi, paths
+from xdplb.core import abi, paths
+from xdplb.core.addresses import IPAddress
+from xdplb.core.errors import XdplbError
 from xdplb.datapath.links import tc_attach
 from xdplb.datapath.maps import Map
 from xdplb.datapath.objects import BpfObject, PinnedSizeError
-from xdplb.errors import XdplbError
-
-IPAddress = ipaddress.IPv4Address | ipaddress.IPv6Address
 
 #: Marks of health-check sockets: ``HC_MARK_BASE | index``, index in the low 16 bits.
 HC_MARK_BASE = 0x58430000  # "XC"

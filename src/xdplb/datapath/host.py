@@ -15,7 +15,8 @@ import struct
 from collections.abc import Iterable
 from pathlib import Path
 
-from xdplb import abi, paths
+from xdplb.core import abi, paths
+from xdplb.core.addresses import IPAddress
 from xdplb.datapath.links import tc_attach, tc_detach
 from xdplb.datapath.maps import Map
 from xdplb.datapath.objects import BpfObject
@@ -54,7 +55,7 @@ class HostDatapath:
         self.obj = BpfObject.load(obj_path or paths.bpf_object("host_tc"), pin_root=self.pin_root)
         self.maps = {n: self.obj.map(n) for n in MAP_NAMES}
 
-    def configure(self, addrs: Iterable[abi.IPAddress], gue_port: int = abi.GUE_PORT) -> None:
+    def configure(self, addrs: Iterable[IPAddress], gue_port: int = abi.GUE_PORT) -> None:
         """The GUE port, and exactly ``addrs`` as the addresses tunnels may target."""
         cfg = abi.HostConfig(gue_port=socket.htons(gue_port))
         self.maps["host_config"].update(_ZERO, cfg.pack())

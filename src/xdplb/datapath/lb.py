@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import ctypes
 import errno
-import ipaddress
 import os
 import shutil
 import socket
@@ -18,16 +17,10 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from xdplb import abi, limits, paths
-from xdplb.acl import AclKey, hits_slot, rule_value
-from xdplb.config import LimitsConfig
-from xdplb.datapath.conns import ConnTable, check_mask
-from xdplb.datapath.links import Link, XdpMode, attach_xdp
-from xdplb.datapath.maps import BPF_F_INNER_MAP, Map, MapType
-from xdplb.datapath.objects import BpfObject, PinnedSizeError
-from xdplb.datapath.programs import Program
-from xdplb.errors import BpfError
-from xdplb.planner import (
+from xdplb.core import abi, limits, paths
+from xdplb.core.acl import AclKey, hits_slot, rule_value
+from xdplb.core.errors import BpfError
+from xdplb.core.mapops import (
     DeleteAcl,
     DeleteBackend,
     DeleteTable,
@@ -41,7 +34,7 @@ from xdplb.planner import (
     PutVipAddr,
     SetConfig,
 )
-from xdplb.state import (
+from xdplb.core.state import (
     BackendState,
     LbConfig,
     LookupTable,
@@ -50,8 +43,11 @@ from xdplb.state import (
     VipAddrInfo,
     VipParams,
 )
-
-IPAddress = ipaddress.IPv4Address | ipaddress.IPv6Address
+from xdplb.datapath.conns import ConnTable, check_mask
+from xdplb.datapath.links import Link, XdpMode, attach_xdp
+from xdplb.datapath.maps import BPF_F_INNER_MAP, Map, MapType
+from xdplb.datapath.objects import BpfObject, PinnedSizeError
+from xdplb.datapath.programs import Program
 
 MAP_NAMES = (
     "lb_vips",
@@ -110,7 +106,7 @@ class MapFill:
 
 def pinned_sizes(pin_dir: Path) -> dict[str, int]:
     """max_entries of every map pinned directly under ``pin_dir`` whose name has a
-    configured size (:data:`xdplb.limits.SIZED_MAPS`)."""
+    configured size (:data:`xdplb.core.limits.SIZED_MAPS`)."""
     out = {}
     for name in limits.SIZED_MAPS:
         path = pin_dir / name
@@ -120,7 +116,7 @@ def pinned_sizes(pin_dir: Path) -> dict[str, int]:
     return out
 
 
-def check_pins(instance: str, lim: LimitsConfig) -> None:
+def check_pins(instance: str, lim: limits.Limits) -> None:
     """ConfigError naming the ``limits`` field if a pinned map of ``instance`` (lb_xdp's
     or hc_tc's) has another size than ``lim`` gives it: checked before loading, since
     libbpf refuses to reuse such a pin."""
@@ -227,7 +223,7 @@ class LbMaps:
             if table is not None:
                 return table
             # A table this process did not write: read it by id (CAP_SYS_ADMIN, so only
-            # before the daemon drops its capabilities, xdplb.privileges).
+            # before the daemon drops its capabilities, xdplb.daemon.privileges).
             try:
                 with Map.from_id(map_id) as inner:
                     table = LookupTable.from_contents(kind, inner.lookup_array())
@@ -385,20 +381,20 @@ class LbDatapath(LbMaps):
     """lb_xdp loaded for an instance: the object, its maps and its XDP links."""
 
     def __init__(
-        self, instance: str, obj_path: Path | None = None, lim: LimitsConfig | None = None
+        self, instance: str, obj_path: Path | None = None, lim: limits.Limits | None = None
     ) -> None:
-        """Load lb_xdp with its maps sized by ``lim`` (default: the defaults). A pinned
-        map of another size: ConfigError naming the ``limits`` field, nothing loaded."""
+        """Load lb_xdp with its maps sized by ``lim`` (default: the sizes the object
+        declares, which are the configuration's defaults). A pinned map of another size:
+        ConfigError naming the ``limits`` field, nothing loaded."""
         self.instance = instance
         self.pin_root = paths.pin_root(instance)
         self.pin_root.mkdir(parents=True, exist_ok=True)
         os.chmod(self.pin_root, 0o700)  # pins are root's business only
-        self.limits = lim or LimitsConfig()
         try:
             self.obj = BpfObject.load(
                 obj_path or paths.bpf_object("lb_xdp"),
                 pin_root=self.pin_root,
-                max_entries=limits.map_sizes(self.limits),
+                max_entries=limits.map_sizes(lim) if lim is not None else None,
             )
         except PinnedSizeError as e:
             name, pinned, wanted = e.mismatches[0]

@@ -1,4 +1,4 @@
-"""cffi builder for ``xdplb._libbpf_c``: API mode against the system libbpf (-lbpf).
+"""cffi builder for ``xdplb.datapath._libbpf_c``: API mode against the system libbpf (-lbpf).
 
 Run as a script (``make build`` does): compiles in build/cffi and places the
 extension next to the package, in src/xdplb/. It must not import xdplb.
@@ -163,7 +163,7 @@ def make_ffi() -> FFI:
     ffibuilder = FFI()
     ffibuilder.cdef(CDEF)
     ffibuilder.set_source(
-        "xdplb._libbpf_c",
+        "xdplb.datapath._libbpf_c",
         SOURCE,
         libraries=["bpf"],
         extra_compile_args=["-O2", "-Wall"],
@@ -175,7 +175,7 @@ def main() -> None:
     tmpdir = ROOT / "build" / "cffi"
     tmpdir.mkdir(parents=True, exist_ok=True)
     built = Path(make_ffi().compile(tmpdir=str(tmpdir)))
-    dest_dir = ROOT / "src" / "xdplb"
+    dest_dir = Path(__file__).resolve().parent
     # Copy then rename: a process that has the old .so mapped keeps it intact.
     fd, tmp = tempfile.mkstemp(dir=dest_dir, prefix=".libbpf_c.", suffix=".tmp")
     os.close(fd)

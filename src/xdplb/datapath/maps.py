@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy
 
+from xdplb.core.errors import BpfError
 from xdplb.datapath._ffi import (
     StrPath,
     check,
@@ -21,7 +22,6 @@ from xdplb.datapath._ffi import (
     obj_info,
     obj_pin,
 )
-from xdplb.errors import BpfError
 
 if TYPE_CHECKING:
     from typing import TypeAlias

@@ -7,10 +7,10 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from xdplb.core.errors import LoadError, XdplbError
 from xdplb.datapath._ffi import StrPath, capture_log, ffi, lib, new_opts
 from xdplb.datapath.maps import Map
 from xdplb.datapath.programs import Program
-from xdplb.errors import LoadError, XdplbError
 
 
 class PinnedSizeError(XdplbError):

@@ -24,15 +24,13 @@ import ssl
 import time
 from collections.abc import Hashable
 from dataclasses import dataclass
-from ipaddress import IPv4Address, IPv6Address
 from typing import Any
 
 import httpcore
 import httpx
 
-from xdplb.health.config import HealthCheckConfig
-
-IPAddress = IPv4Address | IPv6Address
+from xdplb.config.health import HealthCheckConfig
+from xdplb.core.addresses import IPAddress
 
 #: Linux: defer the choice of a source port from bind() to connect(), so that binding a
 #: source address does not use up ephemeral ports (which bind() alone picks without

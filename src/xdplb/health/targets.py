@@ -2,7 +2,7 @@
 
 A backend is checked per VIP, with the VIP's check (``vips[].health``) unless the
 backend has its own (``vips[].backends[].health``); the monitor's key is the member
-``(vip name, backend address)``, the same key :mod:`xdplb.overlay` takes down.
+``(vip name, backend address)``, the same key :mod:`xdplb.control.overlay` takes down.
 
 A check ``via: tunnel`` connects to the VIP itself with a firewall mark naming the
 backend and the encapsulation: :class:`~xdplb.datapath.hc.HealthTunnel` routes marked
@@ -14,15 +14,13 @@ check. A check ``via: direct`` connects to the backend's own address.
 
 from __future__ import annotations
 
-import ipaddress
 from concurrent.futures import ThreadPoolExecutor
 
 from xdplb.config import Config, HashFields, VipConfig
+from xdplb.config.health import HealthCheckConfig
+from xdplb.core.addresses import IPAddress
 from xdplb.datapath.hc import HcTarget, HealthTunnel
 from xdplb.health.checkers import Target
-from xdplb.health.config import HealthCheckConfig
-
-IPAddress = ipaddress.IPv4Address | ipaddress.IPv6Address
 
 
 class HealthTargets:

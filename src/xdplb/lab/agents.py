@@ -6,7 +6,7 @@ import subprocess
 import sys
 from typing import Any
 
-from xdplb.errors import LabError
+from xdplb.core.errors import LabError
 from xdplb.lab.topology import Lab
 
 

@@ -46,7 +46,7 @@ from selenium.webdriver.chrome.service import Service
 from selenium.webdriver.common.by import By
 from selenium.webdriver.remote.webelement import WebElement
 
-from xdplb.errors import LabError
+from xdplb.core.errors import LabError
 from xdplb.lab import netns
 
 CHROMIUM = Path("/usr/bin/chromium")

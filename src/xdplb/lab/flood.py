@@ -38,8 +38,8 @@ import time
 from collections.abc import Callable
 from types import FrameType, TracebackType
 
-from xdplb import paths
-from xdplb.errors import BpfError, LabError
+from xdplb.core import paths
+from xdplb.core.errors import BpfError, LabError
 from xdplb.lab.topology import IFNAME, SEGMENT4, SWITCH, VIP_NET4, Lab, check_lab_address
 
 #: Spoofed sources by default: the lab range minus every network a lab host is on.

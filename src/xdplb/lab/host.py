@@ -5,10 +5,10 @@ from __future__ import annotations
 import dataclasses
 import socket
 
-from xdplb import abi
+from xdplb.core import abi
+from xdplb.core.errors import LabError
 from xdplb.datapath import tc_detach
 from xdplb.datapath.host import HostDatapath
-from xdplb.errors import LabError
 from xdplb.lab.topology import IFNAME, Lab
 
 

@@ -17,11 +17,12 @@ from typing import Any
 import httpx
 import yaml
 
-from xdplb import paths, planner
-from xdplb.client import api_socket
 from xdplb.config import Config, parse_config
+from xdplb.control import planner
+from xdplb.core import paths
+from xdplb.core.errors import LabError
+from xdplb.core.paths import api_socket
 from xdplb.datapath.lb import LbMaps, destroy
-from xdplb.errors import LabError
 from xdplb.lab.topology import Lab
 
 
@@ -82,7 +83,7 @@ class LbNode:
         log = self.log_path.open("ab")
         self.proc = self.lab.popen(
             self.node,
-            [sys.executable, "-m", "xdplb.cli", "run", "-c", str(self.config_path)],
+            [sys.executable, "-m", "xdplb.cli.app", "run", "-c", str(self.config_path)],
             stdout=log,
             stderr=subprocess.STDOUT,
         )
@@ -94,7 +95,7 @@ class LbNode:
     def _wait_serving(self, timeout: float) -> None:
         """Until the daemon has written its pid file: its signal handlers are in place
         (a SIGHUP before would kill it) and it has applied its configuration once."""
-        from xdplb.daemon import read_pid
+        from xdplb.daemon.main import read_pid
 
         assert self.proc is not None
         deadline = time.monotonic() + timeout
@@ -167,7 +168,7 @@ class LbNode:
     def cli(self, *args: str, timeout: float = 30.0) -> subprocess.CompletedProcess[str]:
         """``xdplb ARGS -i <instance>`` as an operator would run it."""
         return subprocess.run(
-            [sys.executable, "-m", "xdplb.cli", *args, "-i", self.instance],
+            [sys.executable, "-m", "xdplb.cli.app", *args, "-i", self.instance],
             capture_output=True,
             text=True,
             timeout=timeout,

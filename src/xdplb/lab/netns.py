@@ -16,7 +16,7 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
-from xdplb.errors import LabError
+from xdplb.core.errors import LabError
 
 #: Where ``ip netns add`` puts its bind mounts.
 NETNS_RUN_DIR = Path("/run/netns")

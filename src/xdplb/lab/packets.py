@@ -16,7 +16,8 @@ from scapy.layers.inet6 import IPv6
 from scapy.layers.l2 import Ether
 from scapy.packet import Packet
 
-from xdplb.abi import GUE_PORT, IPAddress
+from xdplb.core.abi import GUE_PORT
+from xdplb.core.addresses import IPAddress
 
 IPPROTO_IPIP = 4
 IPPROTO_IPV6 = 41

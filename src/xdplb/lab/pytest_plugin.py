@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from xdplb import paths
+from xdplb.core import paths
 from xdplb.lab.host import attach_host
 from xdplb.lab.topology import Lab, cleanup_stale
 

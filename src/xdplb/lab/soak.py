@@ -43,8 +43,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from xdplb.core.errors import LabError
 from xdplb.datapath.maps import Map
-from xdplb.errors import LabError
 from xdplb.lab.host import attach_host
 from xdplb.lab.lbnode import LbNode
 from xdplb.lab.paced import BrokenStream, PacedStreams

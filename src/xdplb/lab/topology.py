@@ -44,9 +44,9 @@ from pathlib import Path
 from types import TracebackType
 from typing import TYPE_CHECKING, Any
 
-from xdplb import paths
-from xdplb.abi import IPAddress
-from xdplb.errors import LabError
+from xdplb.core import paths
+from xdplb.core.addresses import IPAddress
+from xdplb.core.errors import LabError
 from xdplb.lab import netns
 
 if TYPE_CHECKING:

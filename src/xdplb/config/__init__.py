@@ -1,6 +1,6 @@
 """The configuration file: YAML, validated by pydantic models.
 
-Every error is turned into a :class:`~xdplb.errors.ConfigError` whose ``field`` is the
+Every error is turned into a :class:`~xdplb.core.errors.ConfigError` whose ``field`` is the
 dotted path of the culprit (``vips[0].backends[1].weight``), so an operator can find it;
 a refused configuration never reaches the data path.
 """
@@ -25,13 +25,11 @@ from pydantic import (
     model_validator,
 )
 
-from xdplb import abi
-from xdplb.errors import ConfigError
-from xdplb.health.config import HealthCheckConfig
-from xdplb.maglev import is_prime
-
-IPAddress = ipaddress.IPv4Address | ipaddress.IPv6Address
-IPNetwork = ipaddress.IPv4Network | ipaddress.IPv6Network
+from xdplb.config.health import HealthCheckConfig
+from xdplb.core import abi
+from xdplb.core.addresses import IPAddress, IPNetwork
+from xdplb.core.errors import ConfigError
+from xdplb.tables.primes import is_prime
 
 #: Largest table a VIP may ask for: 2**24 buckets of 8 bytes is 128 MiB of kernel memory.
 MAX_TABLE_SIZE = 16_777_259
@@ -656,3 +654,16 @@ def load_config(path: str | Path) -> Config:
     except yaml.YAMLError as e:
         raise ConfigError("", f"{path} is not valid YAML: {e}") from None
     return parse_config(data)
+
+
+def check_limits_unchanged(old: LimitsConfig, new: LimitsConfig) -> None:
+    """A running instance's maps keep their sizes: ConfigError naming the first
+    ``limits`` field ``new`` changes."""
+    for name in LimitsConfig.model_fields:
+        a, b = getattr(old, name), getattr(new, name)
+        if a != b:
+            raise ConfigError(
+                f"limits.{name}",
+                f"cannot change while running ({a} -> {b}): the maps keep their sizes; "
+                f"`xdplb stop` and start again to resize (drops the connection table)",
+            )

@@ -5,7 +5,7 @@ had for the VIP has ended. Under direct server return the LB never sees a connec
 end, so the backend's agent counts its server-side connections (:mod:`xdplb.agent`,
 :mod:`xdplb.serverconns`) and this module keeps the latest count per backend.
 
-Sans-I/O, like :mod:`xdplb.loadfeedback`: reports and receive times go in, counts come
+Sans-I/O, like :mod:`xdplb.control.weight_law`: reports and receive times go in, counts come
 out. A count is only as new as the report it came in: :func:`drain_done` will not call a
 drain done on a count measured before the drain began.
 
@@ -20,8 +20,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from types import MappingProxyType
 
-from xdplb.abi import IPAddress
-from xdplb.loadfeedback import ConnKey, LoadReport
+from xdplb.core.addresses import IPAddress
+from xdplb.core.reports import ConnKey, LoadReport
 from xdplb.serverconns import unmap
 
 

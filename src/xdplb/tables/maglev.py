@@ -15,14 +15,13 @@ salted ``hash()``), and backends take turns in sorted identity order.
 Weights follow Envoy's MaglevTable: a backend takes a turn in round r only when
 ``r * w >= target``, and each turn raises its target by the largest weight.
 
-The population loop lives in C (``xdplb._maglev_c``, built by maglev_build.py);
+The population loop lives in C (``xdplb.tables._maglev_c``, built by maglev_build.py);
 :func:`_populate_reference` is the same algorithm in Python, for the tests.
 """
 
 from __future__ import annotations
 
 import hashlib
-import math
 import operator
 import os
 from collections.abc import Mapping, Sequence
@@ -31,12 +30,14 @@ from dataclasses import dataclass
 import numpy as np
 import numpy.typing as npt
 
+from xdplb.tables.primes import is_prime
+
 try:
-    import xdplb._maglev_c as _maglev_c
+    import xdplb.tables._maglev_c as _maglev_c
 except ImportError as exc:  # pragma: no cover - depends on the build, not on the code
     raise ImportError(
-        "xdplb._maglev_c is not built: run `make build` "
-        "(or .venv/bin/python src/xdplb/maglev_build.py)"
+        "xdplb.tables._maglev_c is not built: run `make build` "
+        "(or .venv/bin/python src/xdplb/tables/maglev_build.py)"
     ) from exc
 
 #: The paper's table size: prime, and > 100 * N for N up to 655 backends.
@@ -97,18 +98,6 @@ class MaglevTable:
                 raise ValueError(f"backend id of {name!r} does not fit in 32 bits: {backend_id}")
             by_index[i] = backend_id
         return by_index[self.slots]
-
-
-def is_prime(n: int) -> bool:
-    """Trial division: table sizes are at most 2**32, so at most ~11,000 divisions."""
-    if n < 2:
-        return False
-    if n < 4:
-        return True
-    if n % 2 == 0 or n % 3 == 0:
-        return False
-    # Every prime above 3 is 6k - 1 or 6k + 1.
-    return all(n % d and n % (d + 2) for d in range(5, math.isqrt(n) + 1, 6))
 
 
 def permutation(identity: str, size: int) -> tuple[int, int]:

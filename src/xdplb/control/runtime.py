@@ -1,6 +1,6 @@
 """The running instance: what it was told, what it observes, and what the maps hold.
 
-:class:`Runtime` implements :class:`~xdplb.control.Controller` for the daemon. It holds
+:class:`Runtime` implements :class:`~xdplb.control.interface.Controller` for the daemon. It holds
 
 - the running configuration (the file's, plus changes made through the API) and the
   file's own, to tell whether the two differ;
@@ -10,7 +10,7 @@
   counters (from the agents), load feedback;
 
 and turns them into map operations: configuration -> load feedback -> overlay (down and
-drained backends out, :mod:`xdplb.overlay`) -> planner -> maps. It does no waiting and
+drained backends out, :mod:`xdplb.control.overlay`) -> planner -> maps. It does no waiting and
 owns no event loop: the daemon calls it from its loop.
 """
 
@@ -27,9 +27,17 @@ from pathlib import Path
 
 import yaml
 
-from xdplb import abi, limits, planner
-from xdplb.config import Config, Protocol, VipConfig, XdpModeName, load_config
-from xdplb.control import (
+from xdplb.config import (
+    Config,
+    Protocol,
+    VipConfig,
+    XdpModeName,
+    check_limits_unchanged,
+    load_config,
+)
+from xdplb.control import planner
+from xdplb.control.drain import ConnectionCounts, Count, drain_done
+from xdplb.control.interface import (
     AclHits,
     Admin,
     BackendStatus,
@@ -42,20 +50,20 @@ from xdplb.control import (
     VipRef,
     VipStatus,
 )
+from xdplb.control.overlay import Member, Overlay, effective
+from xdplb.control.vip_weights import WeightFeedback
+from xdplb.core import abi, limits
+from xdplb.core.addresses import IPAddress
+from xdplb.core.errors import ConfigError
+from xdplb.core.mapops import DeleteTable, PutTable
+from xdplb.core.reports import LoadReport
+from xdplb.core.state import Snapshot
 from xdplb.datapath import XdpMode
 from xdplb.datapath.lb import LbDatapath, check_pins
-from xdplb.drain import ConnectionCounts, Count, drain_done
-from xdplb.errors import ConfigError
-from xdplb.feedback import WeightFeedback
 from xdplb.health import HealthMonitor
 from xdplb.health.targets import HealthTargets
-from xdplb.loadfeedback import LoadReport
-from xdplb.overlay import Member, Overlay, effective
-from xdplb.state import Snapshot
 
-log = logging.getLogger("xdplb.runtime")
-
-IPAddress = ipaddress.IPv4Address | ipaddress.IPv6Address
+log = logging.getLogger("xdplb.control.runtime")
 
 
 class Runtime:
@@ -100,7 +108,7 @@ class Runtime:
         cfg = cfg or self.running
         # Before anything changes: the maps' sizes are fixed, and what the change needs
         # on the way must fit them.
-        limits.check_limits_unchanged(self.running.limits, cfg.limits)
+        check_limits_unchanged(self.running.limits, cfg.limits)
         # Nothing below writes lb_xdp's maps before the plan: one snapshot serves both.
         snap = self.dp.snapshot()
         planner.check_capacity(cfg, snap)
@@ -138,9 +146,9 @@ class Runtime:
         t0 = time.perf_counter()
         self.dp.apply(ops)
         for op in ops:
-            if isinstance(op, planner.PutTable) and op.beamer_table is not None:
+            if isinstance(op, planner.PutBeamerTable):
                 self.memory[op.vip_id] = planner.BeamerMemory(op.beamer_table, now)
-            elif isinstance(op, planner.PutTable | planner.DeleteTable):
+            elif isinstance(op, PutTable | DeleteTable):
                 self.memory.pop(op.vip_id, None)
         if ops:
             took = time.perf_counter() - t0

@@ -1,8 +1,8 @@
-"""A client of the daemon's HTTP API (:mod:`xdplb.api`), for the CLI and for tests.
+"""A client of the daemon's HTTP API (:mod:`xdplb.daemon.api`), for the CLI and for tests.
 
 Where it connects: the daemon's unix socket ``/run/xdplb/<instance>.api.sock`` by
 default (``XDPLB_RUN_DIR`` moves it), or a URL (``http://host:port``) with a bearer
-token. Answers are parsed into the models of :mod:`xdplb.control`.
+token. Answers are parsed into the models of :mod:`xdplb.control.interface`.
 
 What it raises, which the CLI maps to its exit codes:
 
@@ -28,16 +28,17 @@ from pydantic import BaseModel, TypeAdapter, ValidationError
 
 from xdplb.config import AclConfig, BackendConfig, Config, VipConfig
 from xdplb.config import Protocol as L4Protocol
-from xdplb.control import (
+from xdplb.control.interface import (
     AclView,
     BackendStatus,
     ChangeResult,
     DrainStatus,
-    IPAddress,
     Status,
     VipRef,
     VipStatus,
 )
+from xdplb.core.addresses import IPAddress
+from xdplb.core.paths import api_socket
 
 M = TypeVar("M", bound=BaseModel)
 
@@ -45,15 +46,6 @@ M = TypeVar("M", bound=BaseModel)
 DEFAULT_TIMEOUT = 5.0
 #: How often ``wait_drained`` asks.
 DRAIN_POLL = 0.1
-
-
-def run_dir() -> Path:
-    return Path(os.environ.get("XDPLB_RUN_DIR", "/run/xdplb"))
-
-
-def api_socket(instance: str) -> Path:
-    """The unix socket the daemon of ``instance`` serves its API on."""
-    return run_dir() / f"{instance}.api.sock"
 
 
 class ClientError(Exception):

@@ -14,10 +14,28 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import Protocol
 
-from xdplb import abi
-from xdplb.config import LimitsConfig
-from xdplb.errors import ConfigError
+from xdplb.core import abi
+from xdplb.core.errors import ConfigError
+
+
+class Limits(Protocol):
+    """The sizes ``limits:`` sets (:class:`xdplb.config.LimitsConfig` is one): what this
+    module needs of the configuration, without depending on it."""
+
+    @property
+    def vips(self) -> int: ...
+    @property
+    def backends(self) -> int: ...
+    @property
+    def conn_table(self) -> int: ...
+    @property
+    def hc_targets(self) -> int: ...
+    @property
+    def acl_rules(self) -> int: ...
+    @property
+    def rate_limit_sources(self) -> int: ...
 
 
 @dataclass(frozen=True)
@@ -30,7 +48,7 @@ class SizedMap:
     div: int = 1
     add: int = 0
 
-    def size(self, limits: LimitsConfig) -> int:
+    def size(self, limits: Limits) -> int:
         return (int(getattr(limits, self.field)) + self.add) * self.mul // self.div
 
 
@@ -58,7 +76,7 @@ SIZED_MAPS: dict[str, SizedMap] = {
 }
 
 
-def map_sizes(limits: LimitsConfig) -> dict[str, int]:
+def map_sizes(limits: Limits) -> dict[str, int]:
     """Map name -> max_entries, for every map :data:`SIZED_MAPS` knows."""
     return {name: m.size(limits) for name, m in SIZED_MAPS.items()}
 
@@ -93,19 +111,6 @@ class PinnedSizeMismatch:
             f"{instance}` to start afresh (it detaches the instance and removes its pins, "
             f"the connection table with them), or keep the old value",
         )
-
-
-def check_limits_unchanged(old: LimitsConfig, new: LimitsConfig) -> None:
-    """A running instance's maps keep their sizes: ConfigError naming the first
-    ``limits`` field ``new`` changes."""
-    for name in LimitsConfig.model_fields:
-        a, b = getattr(old, name), getattr(new, name)
-        if a != b:
-            raise ConfigError(
-                f"limits.{name}",
-                f"cannot change while running ({a} -> {b}): the maps keep their sizes; "
-                f"`xdplb stop` and start again to resize (drops the connection table)",
-            )
 
 
 def mismatches(pinned: Mapping[str, int], wanted: Mapping[str, int]) -> list[PinnedSizeMismatch]:

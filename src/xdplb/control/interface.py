@@ -1,24 +1,22 @@
 """What the running daemon offers its operators: the status it reports and the changes
-it accepts. The HTTP API (:mod:`xdplb.api`), the metrics (:mod:`xdplb.metrics`), the
+it accepts. The HTTP API (:mod:`xdplb.daemon.api`), the metrics (:mod:`xdplb.daemon.metrics`), the
 status page and the CLI all speak this vocabulary; the daemon implements
 :class:`Controller`.
 
 Every method runs on the daemon's event loop and returns quickly: a change is
 validated, planned and pushed to the maps before the call returns, or it changes
-nothing and raises :class:`~xdplb.errors.ConfigError` naming the field.
+nothing and raises :class:`~xdplb.core.errors.ConfigError` naming the field.
 """
 
 from __future__ import annotations
 
-import ipaddress
 from typing import Literal, Protocol
 
 from pydantic import BaseModel, ConfigDict
 
 from xdplb.config import Config
 from xdplb.config import Protocol as L4Protocol
-
-IPAddress = ipaddress.IPv4Address | ipaddress.IPv6Address
+from xdplb.core.addresses import IPAddress
 
 Health = Literal["up", "down", "unchecked"]
 """``unchecked``: no health check configured, the backend counts as up."""

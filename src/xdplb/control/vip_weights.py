@@ -1,6 +1,6 @@
 """The daemon's side of load-aware weights: agents' reports in, VIP weights out.
 
-:mod:`xdplb.loadfeedback` is the control law (pure); :mod:`xdplb.agent` the wire format
+:mod:`xdplb.control.weight_law` is the control law (pure); :mod:`xdplb.agent` the wire format
 and the receiving socket (the daemon's, shared with graceful drain). This module keeps
 one controller per VIP that asked for it (``load_feedback: true``), feeds it the reports
 of that VIP's backends (an agent's ``--name`` is its backend's address, as written in the
@@ -14,9 +14,10 @@ import logging
 from collections.abc import Sequence
 
 from xdplb.config import BackendConfig, Config, LoadFeedbackConfig, TableKindName, VipConfig
-from xdplb.loadfeedback import Bounds, FeedbackConfig, LoadController, LoadReport
+from xdplb.control.weight_law import Bounds, FeedbackConfig, LoadController
+from xdplb.core.reports import LoadReport
 
-log = logging.getLogger("xdplb.feedback")
+log = logging.getLogger("xdplb.control.vip_weights")
 
 VipName = str
 

@@ -18,7 +18,7 @@ from collections.abc import Iterable
 import numpy as np
 import numpy.typing as npt
 
-from xdplb import abi
+from xdplb.core import abi
 
 #: lookup3's initial value (``JHASH_INITVAL`` in the kernel).
 JHASH_INITVAL = 0xDEADBEEF

@@ -11,9 +11,9 @@ Lifecycle (DESIGN.md §2):
 - SIGTERM/SIGINT: the daemon exits and leaves the programs attached (restart/upgrade);
 - ``xdplb stop``: the daemon exits and the instance is detached and unpinned.
 
-One asyncio loop runs everything: the HTTP API (uvicorn, :mod:`xdplb.api`), the health
+One asyncio loop runs everything: the HTTP API (uvicorn, :mod:`xdplb.daemon.api`), the health
 checks (:mod:`xdplb.health`), the agents' reports, and the changes they cause, which
-:class:`~xdplb.runtime.Runtime` plans and pushes to the maps between two awaits. A
+:class:`~xdplb.control.runtime.Runtime` plans and pushes to the maps between two awaits. A
 backend's health changing wakes the loop at once, so a failure reaches the data path
 as soon as its check says so.
 """
@@ -33,18 +33,17 @@ from pathlib import Path
 
 import uvicorn
 
-from xdplb import privileges
 from xdplb.agent import ReportReceiver
-from xdplb.api import create_app
-from xdplb.client import api_socket
 from xdplb.config import ApiConfig
-from xdplb.errors import ConfigError
-from xdplb.metrics import Metrics
-from xdplb.runtime import Runtime
+from xdplb.control.runtime import Runtime
+from xdplb.core import paths
+from xdplb.core.errors import ConfigError
+from xdplb.daemon import privileges
+from xdplb.daemon.api import create_app
+from xdplb.daemon.metrics import Metrics
 
-log = logging.getLogger("xdplb.daemon")
+log = logging.getLogger("xdplb.daemon.main")
 
-RUN_DIR = Path(os.environ.get("XDPLB_RUN_DIR", "/run/xdplb"))
 #: How often the configuration file's mtime is looked at.
 POLL_INTERVAL = 0.5
 #: How often a Beamer table still short of its weights is planned again, so that it
@@ -52,14 +51,10 @@ POLL_INTERVAL = 0.5
 REPLAN_INTERVAL = 1.0
 
 
-def pid_file(instance: str) -> Path:
-    return RUN_DIR / f"{instance}.pid"
-
-
 def read_pid(instance: str) -> int | None:
     """The pid of the running daemon of ``instance``, or None."""
     try:
-        pid = int(pid_file(instance).read_text().strip())
+        pid = int(paths.pid_file(instance).read_text().strip())
     except (OSError, ValueError):
         return None
     try:
@@ -86,7 +81,7 @@ def api_token(api: ApiConfig) -> str | None:
 def bind_api(api: ApiConfig, instance: str) -> socket.socket:
     """The API's listening socket: a unix socket only root can use, or TCP."""
     if not api.listen or api.listen.startswith("unix:"):
-        path = Path(api.listen.removeprefix("unix:")) if api.listen else api_socket(instance)
+        path = Path(api.listen.removeprefix("unix:")) if api.listen else paths.api_socket(instance)
         path.parent.mkdir(parents=True, exist_ok=True)
         with contextlib.suppress(FileNotFoundError):
             if stat.S_ISSOCK(path.lstat().st_mode):
@@ -120,7 +115,7 @@ class Daemon:
     """One LB instance, driven by one configuration file and its API."""
 
     def __init__(self, config_path: Path) -> None:
-        self.rt = Runtime(config_path, RUN_DIR)  # ConfigError: refuse to start
+        self.rt = Runtime(config_path, paths.run_dir())  # ConfigError: refuse to start
         self.metrics = Metrics(self.rt)
         self.rt.on_rebuild = self.metrics.observe_rebuild
         self._mtime = self.rt.config_file_mtime()
@@ -185,12 +180,12 @@ class Daemon:
         sock = bind_api(rt.running.api, rt.instance)
         rt.apply()
         self._follow_agents()
-        RUN_DIR.mkdir(parents=True, exist_ok=True)
+        paths.run_dir().mkdir(parents=True, exist_ok=True)
         # Loaded, attached, bound: what follows needs far less than root's every power.
         privileges.drop_capabilities()
         if stray := privileges.stray_threads():
             log.warning("threads %s kept capabilities the daemon dropped", stray)
-        pid_file(rt.instance).write_text(f"{os.getpid()}\n")
+        paths.pid_file(rt.instance).write_text(f"{os.getpid()}\n")
         app = create_app(rt, token=token, metrics=self.metrics)
         server = _ApiServer(
             uvicorn.Config(app, log_level="warning", access_log=False, lifespan="off")
@@ -231,7 +226,7 @@ class Daemon:
             if self._receiver is not None:
                 self._receiver.close()
             if read_pid(rt.instance) == os.getpid():
-                pid_file(rt.instance).unlink(missing_ok=True)
+                paths.pid_file(rt.instance).unlink(missing_ok=True)
             rt.close()
             log.info("instance %s: daemon exits, programs stay attached", rt.instance)
 

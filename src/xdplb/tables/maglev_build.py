@@ -1,4 +1,4 @@
-"""cffi builder for ``xdplb._maglev_c``, the Maglev table population loop in C.
+"""cffi builder for ``xdplb.tables._maglev_c``, the Maglev table population loop in C.
 
 Run as a plain script (``make build`` does): it must not import the xdplb
 package, which may not be importable before its extensions exist.  The
@@ -86,14 +86,14 @@ int maglev_populate(uint32_t m, uint32_t n, const uint32_t *offset,
 }
 """
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 
 
 def build() -> Path:
     """Compile the extension and copy it into src/xdplb/; return its path there."""
     ffi = cffi.FFI()
     ffi.cdef(CDEF)
-    ffi.set_source("xdplb._maglev_c", SOURCE, extra_compile_args=["-O2", "-std=c11"])
+    ffi.set_source("xdplb.tables._maglev_c", SOURCE, extra_compile_args=["-O2", "-std=c11"])
     tmpdir = ROOT / "build" / "cffi"
     tmpdir.mkdir(parents=True, exist_ok=True)
     built = Path(ffi.compile(tmpdir=str(tmpdir), verbose=False))

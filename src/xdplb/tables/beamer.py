@@ -37,8 +37,8 @@ from dataclasses import dataclass
 import numpy as np
 import numpy.typing as npt
 
-from xdplb.abi import MAX_HOPS
-from xdplb.state import LookupTable
+from xdplb.core.abi import MAX_HOPS
+from xdplb.core.state import LookupTable
 
 #: 2**16 buckets: < 1% imbalance for up to ~650 equal backends; need not be prime.
 DEFAULT_SIZE = 65536

@@ -207,7 +207,7 @@ def main() -> int:
         console.print(
             f"{from_b3} flows were on b3 and had to move; {others} flows of b1/b2 moved.\n"
         )
-        cli = [sys.executable, "-m", "xdplb.cli"]
+        cli = [sys.executable, "-m", "xdplb.cli.app"]
         console.print("[bold]Killing b2's server[/bold]: its health checks fail ...")
         servers[1].kill()
         t0 = time.monotonic()

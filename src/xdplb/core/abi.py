@@ -14,7 +14,7 @@ import ipaddress
 import socket
 from typing import ClassVar
 
-IPAddress = ipaddress.IPv4Address | ipaddress.IPv6Address
+from xdplb.core.addresses import IPAddress
 
 MAX_VIPS = 512
 MAX_BACKENDS = 4096

@@ -5,8 +5,8 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-#: The source tree (src layout, editable install): <root>/src/xdplb/paths.py.
-ROOT = Path(__file__).resolve().parents[2]
+#: The source tree (src layout, editable install): <root>/src/xdplb/core/paths.py.
+ROOT = Path(__file__).resolve().parents[3]
 
 #: Pins of every instance live under here, one directory per instance.
 BPFFS_ROOT = Path(os.environ.get("XDPLB_BPFFS", "/sys/fs/bpf/xdplb"))
@@ -32,3 +32,18 @@ def test_object(name: str) -> Path:
 def pin_root(instance: str) -> Path:
     """Per-instance pin directory in bpffs."""
     return BPFFS_ROOT / instance
+
+
+def run_dir() -> Path:
+    """The daemons' run-time files (pid, API socket, drains): ``XDPLB_RUN_DIR`` or /run/xdplb."""
+    return Path(os.environ.get("XDPLB_RUN_DIR", "/run/xdplb"))
+
+
+def api_socket(instance: str) -> Path:
+    """The unix socket the daemon of ``instance`` serves its API on."""
+    return run_dir() / f"{instance}.api.sock"
+
+
+def pid_file(instance: str) -> Path:
+    """The pid file of ``instance``'s daemon."""
+    return run_dir() / f"{instance}.pid"

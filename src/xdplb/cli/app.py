@@ -8,7 +8,7 @@ Exit codes (documented in the README):
   3  the instance is not running / has nothing pinned
 
 The commands that change a running instance (``vip``, ``backend``) and ``status`` talk to
-the daemon's HTTP API (:mod:`xdplb.client`): its unix socket
+the daemon's HTTP API (:mod:`xdplb.cli.client`): its unix socket
 ``/run/xdplb/<instance>.api.sock`` by default, or ``--api http://host:port`` with
 ``--token`` (or ``XDPLB_API``, ``XDPLB_TOKEN``). Changes are runtime-only unless
 ``--persist`` writes them to the configuration file.
@@ -33,8 +33,7 @@ from pydantic import ValidationError
 from rich.console import Console
 from rich.table import Table
 
-from xdplb import abi, limits, paths
-from xdplb.client import (
+from xdplb.cli.client import (
     ApiError,
     Client,
     DrainTimeout,
@@ -54,8 +53,10 @@ from xdplb.config import (
     parse_config,
 )
 from xdplb.config import Protocol as L4Protocol
-from xdplb.control import ChangeResult, DrainStatus, IPAddress, Status, VipRef, VipStatus
-from xdplb.errors import ConfigError, XdplbError
+from xdplb.control.interface import ChangeResult, DrainStatus, Status, VipRef, VipStatus
+from xdplb.core import abi, limits, paths
+from xdplb.core.addresses import IPAddress
+from xdplb.core.errors import ConfigError, XdplbError
 
 EXIT_OK, EXIT_RUNTIME, EXIT_CONFIG, EXIT_NOT_RUNNING = 0, 1, 2, 3
 
@@ -120,7 +121,7 @@ def run(
 ) -> None:
     """Attach, apply the configuration and keep it applied (SIGHUP or a file change
     reloads). Exiting leaves the programs attached; `xdplb stop` detaches them."""
-    from xdplb.daemon import Daemon
+    from xdplb.daemon.main import Daemon
 
     logging.basicConfig(
         level=logging.DEBUG if verbose else logging.INFO,
@@ -148,7 +149,7 @@ def stop(
     timeout: Annotated[float, typer.Option(help="seconds to wait for the daemon")] = 10.0,
 ) -> None:
     """Stop the daemon of an instance, detach its programs and remove its pins."""
-    from xdplb.daemon import read_pid
+    from xdplb.daemon.main import read_pid
     from xdplb.datapath.hc import destroy_health_tunnel
     from xdplb.datapath.lb import destroy
 

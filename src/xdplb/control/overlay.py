@@ -15,13 +15,12 @@ then keeps the weights of its last table that had a live backend, and says so
 
 from __future__ import annotations
 
-import ipaddress
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from xdplb.config import Config
+from xdplb.core.addresses import IPAddress
 
-IPAddress = ipaddress.IPv4Address | ipaddress.IPv6Address
 #: (VIP name as in VipConfig.name, backend address)
 Member = tuple[str, IPAddress]
 Weights = dict[IPAddress, int]

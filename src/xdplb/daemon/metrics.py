@@ -24,9 +24,9 @@ from prometheus_client import CollectorRegistry, Counter, Histogram, generate_la
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from xdplb.control import Admin, Controller, Health, Status
+from xdplb.control.interface import Admin, Controller, Health, Status
 
-log = logging.getLogger("xdplb.metrics")
+log = logging.getLogger("xdplb.daemon.metrics")
 
 #: Seconds: a rebuild is a plan plus a batch map update, milliseconds for 65537 buckets.
 REBUILD_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5)

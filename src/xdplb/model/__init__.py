@@ -33,9 +33,10 @@ from functools import cached_property
 import numpy as np
 import numpy.typing as npt
 
-from xdplb import abi, hashing
-from xdplb.acl import AclIndex, AclKey, IPNetwork, rate_key
-from xdplb.state import (
+from xdplb.core import abi, hashing
+from xdplb.core.acl import AclIndex, AclKey, rate_key
+from xdplb.core.addresses import IPAddress, IPNetwork
+from xdplb.core.state import (
     BackendState,
     ConnEntry,
     LbConfig,
@@ -47,7 +48,6 @@ from xdplb.state import (
     vip_addr_infos,
 )
 
-IPAddress = abi.IPAddress
 U32Array = npt.NDArray[np.uint32]
 
 ETH_HLEN = 14
@@ -116,7 +116,7 @@ class Outcome(enum.Enum):
 
 
 # ---------------------------------------------------------------------------
-# Flows and the model's state (the map types themselves are in xdplb.state)
+# Flows and the model's state (the map types themselves are in xdplb.core.state)
 # ---------------------------------------------------------------------------
 
 

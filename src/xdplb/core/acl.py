@@ -1,8 +1,8 @@
 """Source ACLs and the new-flow rate limit as plain values (``bpf/lib/lb_acl.h``).
 
 One vocabulary for the planner, the datapath layer and the model: an ACL rule is an
-:class:`AclKey` (scope, source prefix) with an action (:class:`~xdplb.abi.AclList`
-``ALLOW`` or ``DENY``). The scope is the global list (:data:`~xdplb.abi.ACL_GLOBAL`)
+:class:`AclKey` (scope, source prefix) with an action (:class:`~xdplb.core.abi.AclList`
+``ALLOW`` or ``DENY``). The scope is the global list (:data:`~xdplb.core.abi.ACL_GLOBAL`)
 or a VIP's id. Within a scope the longest matching prefix decides; a source no rule
 matches is allowed unless the scope has an allow list (docs/datapath.md, steps 5a, 6a).
 
@@ -16,10 +16,8 @@ import ipaddress
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
-from xdplb import abi
-
-IPAddress = ipaddress.IPv4Address | ipaddress.IPv6Address
-IPNetwork = ipaddress.IPv4Network | ipaddress.IPv6Network
+from xdplb.core import abi
+from xdplb.core.addresses import IPAddress, IPNetwork
 
 
 @dataclass(frozen=True)

@@ -51,66 +51,13 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
 
-from xdplb.abi import IPAddress
+from xdplb.core.reports import LoadReport, finite
 
 #: Weights are __u16-sized in the configuration (``BackendConfig.weight``).
 MAX_WEIGHT = 65535
 #: Floor for a measured load: an idle backend would otherwise ask for an infinite factor
 #: (``max_step`` bounds it anyway; this keeps the arithmetic finite).
 _MIN_LOAD = 1e-3
-
-
-def _finite(name: str, value: float) -> float:
-    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
-        raise ValueError(f"{name}: must be a finite number, got {value!r}")
-    return float(value)
-
-
-ConnKey = tuple[IPAddress, int]
-"""(local address, local port) of a backend's server-side connections: a VIP (or the
-backend's own address) and a service port. IPv4-mapped addresses are kept as IPv4."""
-
-
-@dataclass(frozen=True, slots=True)
-class LoadReport:
-    """One backend's load, as the controller received it."""
-
-    backend: str
-    """Identity of the backend, the key of ``base_weights``."""
-    cpu: float
-    """Cpu utilisation over the agent's last interval, 0..1."""
-    rps: float
-    """Requests per second over that interval (new TCP connections, see xdplb.agent)."""
-    at: float
-    """When the report was received, on the clock given to :meth:`LoadController.update`.
-    The agent measures right before it sends, so this is also (within the network's
-    delay) when ``conns`` was true."""
-    conns: Mapping[ConnKey, int] | None = field(default=None, hash=False)
-    """Established server-side connections per (local address, port), non-zero entries
-    only (see xdplb.serverconns). None: the agent does not count them (an older agent),
-    which is not the same as none open."""
-    conns_truncated: bool = False
-    """``conns`` holds only the largest entries: an address and port missing from it may
-    still have connections."""
-    chain: Mapping[str, int] | None = field(default=None, hash=False)
-    """host_tc's event counters on the backend (lower-case :class:`xdplb.abi.HostEvent`
-    names: ``forward`` counts second-hop forwards); None when host_tc is not pinned."""
-
-    def __post_init__(self) -> None:
-        if not isinstance(self.backend, str) or not self.backend:
-            raise ValueError(f"backend: must be a non-empty string, got {self.backend!r}")
-        if not 0.0 <= _finite("cpu", self.cpu) <= 1.0:
-            raise ValueError(f"cpu: must be within 0..1, got {self.cpu!r}")
-        if _finite("rps", self.rps) < 0.0:
-            raise ValueError(f"rps: must be >= 0, got {self.rps!r}")
-        _finite("at", self.at)
-        # Read-only copies: the report is frozen, a caller's dict is not.
-        if self.conns is not None:
-            object.__setattr__(self, "conns", MappingProxyType(dict(self.conns)))
-        elif self.conns_truncated:
-            raise ValueError("conns_truncated: set without conns")
-        if self.chain is not None:
-            object.__setattr__(self, "chain", MappingProxyType(dict(self.chain)))
 
 
 @dataclass(frozen=True, slots=True)
@@ -177,24 +124,24 @@ class FeedbackConfig:
         if not isinstance(self.default_bounds, Bounds):
             raise ValueError(f"default_bounds: must be a Bounds, got {self.default_bounds!r}")
         self.default_bounds.check("default_bounds")
-        if not 0.0 < _finite("gain", self.gain) <= 1.0:
+        if not 0.0 < finite("gain", self.gain) <= 1.0:
             raise ValueError(f"gain: must be in (0, 1], got {self.gain!r}")
-        if not 0.0 <= _finite("deadband", self.deadband) < 1.0:
+        if not 0.0 <= finite("deadband", self.deadband) < 1.0:
             raise ValueError(f"deadband: must be in [0, 1), got {self.deadband!r}")
-        if not 0.0 < _finite("smoothing", self.smoothing) <= 1.0:
+        if not 0.0 < finite("smoothing", self.smoothing) <= 1.0:
             raise ValueError(f"smoothing: must be in (0, 1], got {self.smoothing!r}")
         m = self.min_reports
         if isinstance(m, bool) or not isinstance(m, int) or m < 1:
             raise ValueError(f"min_reports: must be a positive integer, got {m!r}")
-        if not _finite("max_step", self.max_step) > 1.0:
+        if not finite("max_step", self.max_step) > 1.0:
             raise ValueError(f"max_step: must be > 1, got {self.max_step!r}")
-        if not _finite("min_interval", self.min_interval) > 0.0:
+        if not finite("min_interval", self.min_interval) > 0.0:
             raise ValueError(f"min_interval: must be > 0, got {self.min_interval!r}")
-        if not 0.0 <= _finite("settle", self.settle) < self.min_interval:
+        if not 0.0 <= finite("settle", self.settle) < self.min_interval:
             raise ValueError(
                 f"settle: must be in [0, min_interval={self.min_interval}), got {self.settle!r}"
             )
-        if not _finite("max_age", self.max_age) > 0.0:
+        if not finite("max_age", self.max_age) > 0.0:
             raise ValueError(f"max_age: must be > 0, got {self.max_age!r}")
         t = self.total_weight
         if t is not None and (isinstance(t, bool) or not isinstance(t, int) or t <= 0):

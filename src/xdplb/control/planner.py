@@ -24,15 +24,29 @@ move in the next plan, all of them.
 
 from __future__ import annotations
 
-import ipaddress
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, replace
 
-from xdplb import abi, beamer, maglev
-from xdplb.acl import AclKey, ScopeRules, sorted_keys
 from xdplb.config import AclConfig, Config, HashFields, TableKindName, VipConfig
-from xdplb.errors import ConfigError
-from xdplb.state import (
+from xdplb.core import abi
+from xdplb.core.acl import AclKey, ScopeRules, sorted_keys
+from xdplb.core.addresses import IPAddress
+from xdplb.core.errors import ConfigError
+from xdplb.core.mapops import (
+    DeleteAcl,
+    DeleteBackend,
+    DeleteTable,
+    DeleteVip,
+    DeleteVipAddr,
+    Op,
+    PutAcl,
+    PutBackend,
+    PutTable,
+    PutVip,
+    PutVipAddr,
+    SetConfig,
+)
+from xdplb.core.state import (
     BackendState,
     LbConfig,
     LookupTable,
@@ -42,99 +56,15 @@ from xdplb.state import (
     VipParams,
     vip_addr_infos,
 )
-
-IPAddress = ipaddress.IPv4Address | ipaddress.IPv6Address
-
-
-# --- operations, applied in the order the plan lists them -------------------------------
+from xdplb.tables import beamer, maglev
 
 
 @dataclass(frozen=True)
-class SetConfig:
-    config: LbConfig
+class PutBeamerTable(PutTable):
+    """A :class:`PutTable` of a Beamer table that also carries the table it was built
+    from, for the caller's :class:`BeamerMemory`; the datapath sees a plain PutTable."""
 
-
-@dataclass(frozen=True)
-class PutBackend:
-    backend_id: int
-    backend: BackendState
-
-
-@dataclass(frozen=True, eq=True)
-class PutTable:
-    """Fill a new inner map and swap it in at ``vip_id`` (never an in-place rewrite), in
-    the outer map of ``kind``: ``lb_tables`` (Maglev) or ``lb_btables`` (Beamer)."""
-
-    vip_id: int
-    table: LookupTable
-    kind: abi.TableKind
-    #: The Beamer table behind ``table``, for the caller's :class:`BeamerMemory`.
-    beamer_table: beamer.BeamerTable | None = field(default=None, compare=False)
-
-
-@dataclass(frozen=True)
-class PutVipAddr:
-    address: IPAddress
-    info: VipAddrInfo
-
-
-@dataclass(frozen=True)
-class PutVip:
-    vip: Vip
-    params: VipParams
-
-
-@dataclass(frozen=True)
-class DeleteVip:
-    vip: Vip
-
-
-@dataclass(frozen=True)
-class DeleteVipAddr:
-    address: IPAddress
-
-
-@dataclass(frozen=True)
-class DeleteTable:
-    """Remove ``vip_id``'s table from whichever outer map holds it (both are cleared: a
-    snapshot does not say which, and a table no VIP names has no kind to ask)."""
-
-    vip_id: int
-
-
-@dataclass(frozen=True)
-class PutAcl:
-    """Add or change one source ACL rule (``lb_acl4`` / ``lb_acl6``)."""
-
-    key: AclKey
-    action: abi.AclList
-
-
-@dataclass(frozen=True)
-class DeleteAcl:
-    key: AclKey
-
-
-@dataclass(frozen=True)
-class DeleteBackend:
-    """Mark the slot inactive: connection-table entries naming it are re-hashed."""
-
-    backend_id: int
-
-
-Op = (
-    SetConfig
-    | PutBackend
-    | PutTable
-    | PutVipAddr
-    | PutVip
-    | DeleteVip
-    | DeleteVipAddr
-    | DeleteTable
-    | DeleteBackend
-    | PutAcl
-    | DeleteAcl
-)
+    beamer_table: beamer.BeamerTable = field(compare=False)
 
 
 def vip_key(vip: VipConfig) -> Vip:
@@ -348,7 +278,7 @@ def plan(
             else:
                 table = None
             if bt is not None and table != cur:
-                ops_put.append(PutTable(vip_id, bt.to_lookup_table(), kind, beamer_table=bt))
+                ops_put.append(PutBeamerTable(vip_id, bt.to_lookup_table(), kind, bt))
         else:
             table = build_table(weights, ids, size)
             if table is not None and cur != table:

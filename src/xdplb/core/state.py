@@ -14,10 +14,10 @@ from dataclasses import dataclass, field
 import numpy as np
 import numpy.typing as npt
 
-from xdplb import abi
-from xdplb.acl import AclKey
+from xdplb.core import abi
+from xdplb.core.acl import AclKey
+from xdplb.core.addresses import IPAddress
 
-IPAddress = abi.IPAddress
 U32Array = npt.NDArray[np.uint32]
 
 

@@ -1,7 +1,7 @@
 """The daemon's HTTP API (FastAPI), its Prometheus metrics and its status page.
 
 Every handler is ``async``, so it runs on the daemon's event loop, never in a thread
-pool, and calls the :class:`~xdplb.control.Controller` synchronously: controller calls
+pool, and calls the :class:`~xdplb.control.interface.Controller` synchronously: controller calls
 are quick and the daemon's state needs no lock.
 
 Changes to VIPs and backends are made here, not in the daemon: take the running
@@ -16,7 +16,7 @@ Errors are all ``{"error": message, "field": dotted path or ""}``:
 - 401: missing or wrong bearer token (with ``WWW-Authenticate: Bearer``);
 - 404: unknown VIP, backend or route; 405: method not allowed; 409: the VIP exists;
 - 422: the body does not validate, or the controller refused the change
-  (:class:`~xdplb.errors.ConfigError`); ``field`` is the dotted path (``weight``,
+  (:class:`~xdplb.core.errors.ConfigError`); ``field`` is the dotted path (``weight``,
   ``backends[1].weight``; a refused configuration names it in the whole configuration,
   ``vips[2].backends[0].address``);
 - 500: a bug; logged with its traceback, answered with a generic message.
@@ -28,7 +28,7 @@ page asks for the token and then calls the API with it), and ``/openapi.json`` (
 same document as the published ``docs/openapi.json``). Without a token, only callers on
 this host (unix socket, loopback) are served; any other gets 401.
 
-``python -m xdplb.api --openapi > docs/openapi.json`` writes the specification.
+``python -m xdplb.daemon.api --openapi > docs/openapi.json`` writes the specification.
 """
 
 from __future__ import annotations
@@ -55,22 +55,22 @@ from starlette.routing import BaseRoute, Match
 
 from xdplb.config import AclConfig, BackendConfig, Config, VipConfig, parse_config
 from xdplb.config import Protocol as L4Protocol
-from xdplb.control import (
+from xdplb.control.interface import (
     AclHits,
     AclView,
     BackendStatus,
     ChangeResult,
     Controller,
     DrainStatus,
-    IPAddress,
     Status,
     VipRef,
     VipStatus,
 )
-from xdplb.errors import ConfigError
-from xdplb.metrics import Metrics
+from xdplb.core.addresses import IPAddress
+from xdplb.core.errors import ConfigError
+from xdplb.daemon.metrics import Metrics
 
-log = logging.getLogger("xdplb.api")
+log = logging.getLogger("xdplb.daemon.api")
 
 API_VERSION = "1"
 PREFIX = "/api/v1"
@@ -577,7 +577,7 @@ def openapi_spec() -> dict[str, Any]:
 def main(argv: Sequence[str] | None = None) -> int:
     args = list(sys.argv[1:] if argv is None else argv)
     if args != ["--openapi"]:
-        print("usage: python -m xdplb.api --openapi > docs/openapi.json", file=sys.stderr)
+        print("usage: python -m xdplb.daemon.api --openapi > docs/openapi.json", file=sys.stderr)
         return 2
     sys.stdout.write(json.dumps(openapi_spec(), indent=2) + "\n")
     return 0
