@@ -44,7 +44,8 @@ build/.cffi: $(CFFI_MODS) bpf/lib/hash.h $(VENV)/.installed
 	for m in $(CFFI_MODS); do $(PY) $$m || exit 1; done
 	@touch $@
 
-test: build
+# Lint first: a suite that passes on code that does not type-check is not green.
+test: build lint
 	$(PYTEST) tests
 
 test-unit: build
@@ -72,10 +73,10 @@ SOAK_SECONDS ?= 600
 soak: build
 	$(PY) -m xdplb.lab.soak --seconds $(SOAK_SECONDS) --out build/soak.json
 
-lint: build
+lint: deps
 	$(VENV)/bin/ruff check src tests bench
 	$(VENV)/bin/ruff format --check src tests bench
-	$(VENV)/bin/mypy
+	$(VENV)/bin/mypy --strict
 
 clean:
 	rm -rf build src/xdplb/*/_*_c.*
