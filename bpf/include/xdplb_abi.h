@@ -94,9 +94,11 @@ struct xdplb_flow_key {
  * xdplb_config.conn_mask, each holding
  * XDPLB_CONN_WAYS flows.  Everything a lookup miss reads is in the set's first
  * 64 bytes (tags, backend ids, LRU ranks); each way's key has a cache line
- * of its own.  Writers hold the set's lock and make seq odd while they write
- * (a seqcount): the data path reads without the lock and counts a read that
- * saw seq odd or changed as a miss.  User space copies sets with BPF_F_LOCK.
+ * of its own.  A BPF writer claims the set by turning seq odd with one
+ * compare-and-swap and makes it even again when done (a seqcount, see
+ * bpf/lib/lb_conns.h); the data path reads without a lock and counts a read
+ * that saw seq odd or changed as a miss.  BPF never takes the spin lock: it
+ * only serialises user-space writers (BPF_F_LOCK) with each other.
  */
 struct xdplb_conn_slot {
 	struct xdplb_flow_key key;

@@ -87,7 +87,8 @@ static __always_inline int hc_parse(struct __sk_buff *skb, struct hc_pkt *pkt)
 		hdrsize = (hdrsize & 0x0f) * 4;
 		if (hdrsize < sizeof(*iph))
 			return -1;
-		/* Only a first fragment has ports, and lb_xdp drops VIP fragments. */
+		/* A check sends no fragments; lb_xdp would hash one on its addresses
+		 * alone (datapath.md step 4a), which this encapsulation does not model. */
 		if (iph->frag_off & bpf_htons(IP_MF | IP_OFFSET))
 			return -1;
 		pkt->ip_len = bpf_ntohs(iph->tot_len);

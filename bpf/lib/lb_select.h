@@ -17,7 +17,7 @@
 #include "lib/lb_conns.h"
 
 /*
- * Bounded connection-table writes (DESIGN.md, "bounded writes under a
+ * Bounded connection-table writes (docs/design.md §1, "bounded writes under a
  * new-connection flood", as Katran does): past cfg->flood_max new flows in one
  * XDPLB_FLOOD_WINDOW_NS on a CPU, new flows are still balanced by the table
  * but not recorded.  An insert evicts a cold entry and costs a cache miss or

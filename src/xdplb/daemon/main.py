@@ -1,7 +1,7 @@
 """The LB daemon: load, attach, apply the configuration, keep applying it, and serve
 its operators.
 
-Lifecycle (DESIGN.md §2):
+Lifecycle (docs/design.md §2):
 - start: lb_xdp is loaded with its maps pinned per instance; existing pins are reused, so
   the connection table survives a restart, and existing XDP links are switched to the new
   program atomically;

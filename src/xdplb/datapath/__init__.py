@@ -4,6 +4,13 @@
 - programs / testrun: Program handles and BPF_PROG_TEST_RUN
 - maps: Map handles, element/iteration/batch operations, MapType, flags
 - links: XDP bpf_link attach, TC clsact attach/detach
+- lb, conns: lb_xdp's maps, snapshots, plan application, the connection table
+- host, hc, live: host_tc on a backend, the health-check tunnel, XDP live frames
+
+It speaks only the plain vocabulary of :mod:`xdplb.core` (state, map operations, limits),
+so the kernel layer never depends on the configuration or the planner.
+
+May import: core.
 """
 
 from xdplb.datapath.links import (

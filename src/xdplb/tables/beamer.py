@@ -3,7 +3,7 @@
 lb_xdp hashes a flow to one of B buckets (``hash % B``, any B >= 1) and sends it to
 the bucket's first hop, with the bucket's previous first hops as later hops in the
 GUE hop list; a backend that gets a packet of a connection it does not have passes it
-on to the next hop in the list (daisy chaining, DESIGN.md §1).  When a bucket moves
+on to the next hop in the list (daisy chaining, docs/design.md §1).  When a bucket moves
 from backend a to backend b, a becomes its most recent previous hop, so a's
 established connections survive the move -- and up to ``MAX_HOPS - 1`` moves of the
 same bucket, since the table keeps that many distinct previous owners per bucket.
@@ -13,7 +13,7 @@ are deterministic (no randomness, no dependence on dict order, ties broken by id
 bucket index), so every LB node that applies the same weights in the same order holds
 the same table.
 
-The adjustment policy (DESIGN.md §3), in order of precedence:
+The adjustment policy (docs/design.md §3), in order of precedence:
 
 1. swaps: a bucket with first hop a over target whose most recent previous hop b is
    under target gets b back as first hop (and a as most recent previous hop);

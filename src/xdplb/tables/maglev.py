@@ -1,7 +1,7 @@
 """Weighted Maglev lookup tables (Eisenbud et al., NSDI 2016, §3.4).
 
 lb_xdp hashes a flow to one of M buckets and forwards it to that bucket's
-backend; this module computes the buckets.  Two properties matter (DESIGN.md §3):
+backend; this module computes the buckets.  Two properties matter (docs/design.md §3):
 
 - balance: each backend owns a share of the M buckets proportional to its
   weight, within 1% when M > 100 * N;
