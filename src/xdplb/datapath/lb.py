@@ -17,23 +17,9 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from xdplb.core import abi, limits, paths
+from xdplb.core import abi, limits, mapops, paths
 from xdplb.core.acl import AclKey, hits_slot, rule_value
 from xdplb.core.errors import BpfError
-from xdplb.core.mapops import (
-    DeleteAcl,
-    DeleteBackend,
-    DeleteTable,
-    DeleteVip,
-    DeleteVipAddr,
-    Op,
-    PutAcl,
-    PutBackend,
-    PutTable,
-    PutVip,
-    PutVipAddr,
-    SetConfig,
-)
 from xdplb.core.state import (
     BackendState,
     LbConfig,
@@ -283,26 +269,26 @@ class LbMaps:
 
     # -- writing -------------------------------------------------------------------------
 
-    def apply(self, ops: Iterable[Op]) -> None:
+    def apply(self, ops: Iterable[mapops.Op]) -> None:
         """Carry out a plan, in order."""
         for op in ops:
             self._apply(op)
 
-    def _apply(self, op: Op) -> None:
+    def _apply(self, op: mapops.Op) -> None:
         match op:
-            case SetConfig(config):
+            case mapops.SetConfig(config):
                 # A mask beyond the table would make lb_xdp miss every flow: refuse it.
                 check_mask(config.conn_mask, self["lb_conns"].max_entries)
                 self["lb_config"].update(_u32(0), config.abi_value().pack())
-            case PutBackend(bid, backend):
+            case mapops.PutBackend(bid, backend):
                 self["lb_backends"].update(_u32(bid), backend.abi_value().pack())
-            case DeleteBackend(bid):
+            case mapops.DeleteBackend(bid):
                 raw = self["lb_backends"].lookup(_u32(bid))
                 if raw is not None:
                     be = abi.Backend.from_buffer_copy(raw)
                     be.flags &= ~abi.BACKEND_F_ACTIVE
                     self["lb_backends"].update(_u32(bid), be.pack())
-            case PutTable(vip_id, table, kind):
+            case mapops.PutTable(vip_id, table, kind):
                 # A new inner map, filled, then swapped in with one update: lb_xdp sees the
                 # old table or the new one, never a half-written one.
                 # BPF_F_INNER_MAP on both sides: the kernel compares flags with the template.
@@ -318,22 +304,22 @@ class LbMaps:
                     inner.update_array(table.contents(kind))
                     self[TABLE_MAPS[kind]].update(_u32(vip_id), _u32(inner.fd))
                     self._tables[inner.id] = table
-            case DeleteTable(vip_id):
+            case mapops.DeleteTable(vip_id):
                 # Both maps: the op does not say which holds it (deleting a missing key is
                 # a no-op), and a table no VIP names any more has no kind to go by.
                 for name in TABLE_MAPS.values():
                     self[name].delete(_u32(vip_id))
-            case PutVipAddr(addr, info):
+            case mapops.PutVipAddr(addr, info):
                 self["lb_vip_addrs"].update(abi.Addr.make(addr).pack(), info.abi_value().pack())
-            case DeleteVipAddr(addr):
+            case mapops.DeleteVipAddr(addr):
                 self["lb_vip_addrs"].delete(abi.Addr.make(addr).pack())
-            case PutVip(vip, params):
+            case mapops.PutVip(vip, params):
                 self["lb_vips"].update(vip.abi_key().pack(), params.abi_value().pack())
-            case DeleteVip(vip):
+            case mapops.DeleteVip(vip):
                 self["lb_vips"].delete(vip.abi_key().pack())
-            case PutAcl(key, action):
+            case mapops.PutAcl(key, action):
                 self[key.map_name].update(key.abi_key().pack(), rule_value(action))
-            case DeleteAcl(key):
+            case mapops.DeleteAcl(key):
                 self[key.map_name].delete(key.abi_key().pack())
 
     def fill(self, snap: Snapshot, conns_used: int | None = None) -> list[MapFill]:
