@@ -24,18 +24,12 @@ class Limits(Protocol):
     """The sizes ``limits:`` sets (:class:`xdplb.config.LimitsConfig` is one): what this
     module needs of the configuration, without depending on it."""
 
-    @property
-    def vips(self) -> int: ...
-    @property
-    def backends(self) -> int: ...
-    @property
-    def conn_table(self) -> int: ...
-    @property
-    def hc_targets(self) -> int: ...
-    @property
-    def acl_rules(self) -> int: ...
-    @property
-    def rate_limit_sources(self) -> int: ...
+    vips: int
+    backends: int
+    conn_table: int
+    hc_targets: int
+    acl_rules: int
+    rate_limit_sources: int
 
 
 @dataclass(frozen=True)
