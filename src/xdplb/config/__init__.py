@@ -1,5 +1,6 @@
 """The configuration file: YAML, validated by pydantic models (:mod:`xdplb.config.schema`)."""
 
+from xdplb.config.checks import check_limits_unchanged
 from xdplb.config.schema import (
     AclConfig,
     ApiConfig,
@@ -13,7 +14,6 @@ from xdplb.config.schema import (
     TableKindName,
     VipConfig,
     XdpModeName,
-    check_limits_unchanged,
     load_config,
     parse_config,
 )

@@ -25,14 +25,17 @@ from pydantic import (
     model_validator,
 )
 
+from xdplb.config.checks import (
+    MAX_TABLE_SIZE,
+    FieldError,
+    check_fits,
+    check_limit_bounds,
+    check_table_size,
+)
 from xdplb.config.health import HealthCheckConfig
 from xdplb.core import abi
 from xdplb.core.addresses import IPAddress, IPNetwork
 from xdplb.core.errors import ConfigError
-from xdplb.tables.primes import is_prime
-
-#: Largest table a VIP may ask for: 2**24 buckets of 8 bytes is 128 MiB of kernel memory.
-MAX_TABLE_SIZE = 16_777_259
 
 
 class Protocol(StrEnum):
@@ -109,7 +112,7 @@ class WeightBounds(_Model):
     @model_validator(mode="after")
     def _order(self) -> WeightBounds:
         if self.min_weight > self.max_weight:
-            raise _FieldError("min_weight", "must not be above max_weight")
+            raise FieldError("min_weight", "must not be above max_weight")
         return self
 
 
@@ -149,23 +152,21 @@ class ApiConfig(_Model):
     @model_validator(mode="after")
     def _check(self) -> ApiConfig:
         if self.token is not None and self.token_file is not None:
-            raise _FieldError("token_file", "give token or token_file, not both")
+            raise FieldError("token_file", "give token or token_file, not both")
         if self.listen and not self.listen.startswith("unix:"):
             if not re.match(_HOST_PORT, self.listen):
-                raise _FieldError("listen", "must be unix:/path, address:port or [v6]:port")
+                raise FieldError("listen", "must be unix:/path, address:port or [v6]:port")
             host, port = _split_host_port(self.listen)
             try:
                 addr = ipaddress.ip_address(host)
             except ValueError:
-                raise _FieldError("listen", f"{host!r} is not an IP address") from None
+                raise FieldError("listen", f"{host!r} is not an IP address") from None
             if not 0 < port < 65536:
-                raise _FieldError("listen", f"port {port} is out of range")
+                raise FieldError("listen", f"port {port} is out of range")
             if not addr.is_loopback and self.token is None and self.token_file is None:
-                raise _FieldError(
-                    "token", "required when the API listens on a non-loopback address"
-                )
+                raise FieldError("token", "required when the API listens on a non-loopback address")
         elif self.listen == "unix:":
-            raise _FieldError("listen", "unix: needs a path")
+            raise FieldError("listen", "unix: needs a path")
         return self
 
 
@@ -195,7 +196,7 @@ class LoadFeedbackConfig(_Model):
     @model_validator(mode="after")
     def _check(self) -> LoadFeedbackConfig:
         if self.settle >= self.min_interval:
-            raise _FieldError("settle", "must be below min_interval")
+            raise FieldError("settle", "must be below min_interval")
         return self
 
 
@@ -238,7 +239,7 @@ class AclConfig(_Model):
             for i, p in enumerate(prefixes):
                 if p in seen:
                     where = "listed twice" if seen[p] == name else f"also in {seen[p]}"
-                    raise _FieldError(f"{name}[{i}]", f"{p} is {where}")
+                    raise FieldError(f"{name}[{i}]", f"{p} is {where}")
                 seen[p] = name
         return self
 
@@ -329,7 +330,7 @@ class VipConfig(_Model):
         checks += [(f"backends[{i}].health", b.health) for i, b in enumerate(self.backends)]
         for where, hc in checks:
             if hc is not None and hc.checker.kind != "command" and hc.checker.check_port is None:
-                raise _FieldError(
+                raise FieldError(
                     f"{where}.checker.{hc.checker.kind}.check_port",
                     "required: the VIP is a wildcard (port 0)",
                 )
@@ -341,11 +342,11 @@ class VipConfig(_Model):
             return self
         if self.table is TableKindName.MAGLEV:
             try:
-                _check_table_size(self.table_size)
+                check_table_size(self.table_size)
             except ValueError as e:
-                raise _FieldError("table_size", str(e)) from None
+                raise FieldError("table_size", str(e)) from None
         elif not 1 <= self.table_size <= MAX_TABLE_SIZE:
-            raise _FieldError("table_size", f"must be between 1 and {MAX_TABLE_SIZE}")
+            raise FieldError("table_size", f"must be between 1 and {MAX_TABLE_SIZE}")
         return self
 
     @field_validator("backends")
@@ -383,18 +384,6 @@ class TunnelConfig(_Model):
     client must use, instead of being dropped silently."""
 
 
-#: Bounds of each ``limits`` field: below, nothing useful fits; above, one map would
-#: take gigabytes of kernel memory (docs/operations.md, "Limits and memory").
-LIMIT_BOUNDS: dict[str, tuple[int, int]] = {
-    "vips": (1, 65536),
-    "backends": (2, 1 << 20),
-    "conn_table": (64, 1 << 26),
-    "hc_targets": (1, 0xFFFF),
-    "acl_rules": (1, 1 << 20),
-    "rate_limit_sources": (1, 1 << 24),
-}
-
-
 class LimitsConfig(_Model):
     """Sizes of lb_xdp's and hc_tc's maps, fixed when the maps are created: changing one
     needs a fresh start (``xdplb stop``, which drops the connection table). Which maps
@@ -421,18 +410,7 @@ class LimitsConfig(_Model):
 
     @model_validator(mode="after")
     def _check(self) -> LimitsConfig:
-        for name, (lo, hi) in LIMIT_BOUNDS.items():
-            v = getattr(self, name)
-            if not lo <= v <= hi:
-                raise _FieldError(name, f"must be between {lo} and {hi}, got {v}")
-        n = self.conn_table
-        if n & (n - 1):
-            lower = 1 << (n.bit_length() - 1)
-            raise _FieldError(
-                "conn_table",
-                f"must be a power of 2 (sets of {abi.CONN_WAYS} ways, a power-of-2 number of "
-                f"sets), got {n}: {lower} or {lower * 2}?",
-            )
+        check_limit_bounds(self)
         return self
 
     @property
@@ -476,7 +454,7 @@ class Config(_Model):
     @field_validator("table_size")
     @classmethod
     def _prime(cls, v: int) -> int:
-        _check_table_size(v)
+        check_table_size(v)
         return v
 
     @field_validator("interfaces")
@@ -512,58 +490,40 @@ class Config(_Model):
         for i, vip in enumerate(self.vips):
             for j, b in enumerate(vip.backends):
                 if b.address.version == 4 and self.tunnel.source_v4 is None:
-                    raise _FieldError(
+                    raise FieldError(
                         f"vips[{i}].backends[{j}].address",
                         "an IPv4 backend needs tunnel.source_v4",
                     )
                 if b.address.version == 6 and self.tunnel.source_v6 is None:
-                    raise _FieldError(
+                    raise FieldError(
                         f"vips[{i}].backends[{j}].address",
                         "an IPv6 backend needs tunnel.source_v6",
                     )
         if self.load_feedback is not None and self.agents is None:
-            raise _FieldError("load_feedback", "needs the agents section (where reports arrive)")
+            raise FieldError("load_feedback", "needs the agents section (where reports arrive)")
         for i, vip in enumerate(self.vips):
             if vip.load_feedback and self.load_feedback is None:
-                raise _FieldError(
+                raise FieldError(
                     f"vips[{i}].load_feedback", "needs the top-level load_feedback section"
                 )
         self._check_limits()
         return self
 
     def _check_limits(self) -> None:
-        """What the configuration needs fits the maps ``limits`` sizes (the planner checks
-        the transient needs of a change against what the maps hold, planner.check_capacity)."""
-        lim = self.limits
-        if len(self.vips) > lim.vips:
-            raise _FieldError(
-                "limits.vips", f"{len(self.vips)} VIPs configured, the limit is {lim.vips}"
-            )
-        n = len(self.backend_addresses())
-        if n > lim.backends - 1:
-            raise _FieldError(
-                "limits.backends",
-                f"{n} distinct backends configured, at most {lim.backends - 1} fit "
-                f"(slot 0 is never a backend)",
-            )
-        n = len(tunnelled_hc_targets(self))
-        if n > lim.hc_targets:
-            raise _FieldError(
-                "limits.hc_targets",
-                f"{n} tunnelled health-check targets configured, the limit is {lim.hc_targets}",
-            )
-        for version in (4, 6):
-            rules = sum(
-                1
-                for acl in (self.acl, *(v.acl for v in self.vips))
-                for p in (*acl.allow, *acl.deny)
-                if p.version == version
-            )
-            if rules > lim.acl_rules:
-                raise _FieldError(
-                    "limits.acl_rules",
-                    f"{rules} IPv{version} ACL rules configured, the limit is {lim.acl_rules}",
+        """What the configuration needs fits the maps ``limits`` sizes."""
+        acls = (self.acl, *(v.acl for v in self.vips))
+        check_fits(
+            self.limits,
+            vips=len(self.vips),
+            backends=len(self.backend_addresses()),
+            hc_targets=len(tunnelled_hc_targets(self)),
+            acl_rules={
+                version: sum(
+                    1 for acl in acls for p in (*acl.allow, *acl.deny) if p.version == version
                 )
+                for version in (4, 6)
+            },
+        )
 
     def backend_addresses(self) -> set[IPAddress]:
         return {b.address for vip in self.vips for b in vip.backends}
@@ -586,22 +546,6 @@ def tunnelled_hc_targets(cfg: Config) -> set[tuple[IPAddress, EncapKind, HashFie
     return out
 
 
-class _FieldError(ValueError):
-    """A model-level check that knows which field is wrong."""
-
-    def __init__(self, field: str, message: str) -> None:
-        super().__init__(message)
-        self.field = field
-        self.message = message
-
-
-def _check_table_size(v: int) -> None:
-    if not 2 <= v <= MAX_TABLE_SIZE:
-        raise ValueError(f"must be between 2 and {MAX_TABLE_SIZE}, got {v}")
-    if not is_prime(v):
-        raise ValueError(f"must be a prime (Maglev needs it), got {v}")
-
-
 def _loc(loc: tuple[int | str, ...]) -> str:
     out = ""
     for part in loc:
@@ -618,7 +562,7 @@ def _errors(e: ValidationError) -> Iterator[tuple[str, str]]:
     for err in e.errors():
         ctx_err = err.get("ctx", {}).get("error")
         loc = tuple(p for p in err["loc"] if not (isinstance(p, str) and "[" in p))
-        if isinstance(ctx_err, _FieldError):
+        if isinstance(ctx_err, FieldError):
             # A model-level check names its field relative to the model it checks.
             prefix = _loc(loc)
             yield (f"{prefix}.{ctx_err.field}" if prefix else ctx_err.field), ctx_err.message
@@ -654,16 +598,3 @@ def load_config(path: str | Path) -> Config:
     except yaml.YAMLError as e:
         raise ConfigError("", f"{path} is not valid YAML: {e}") from None
     return parse_config(data)
-
-
-def check_limits_unchanged(old: LimitsConfig, new: LimitsConfig) -> None:
-    """A running instance's maps keep their sizes: ConfigError naming the first
-    ``limits`` field ``new`` changes."""
-    for name in LimitsConfig.model_fields:
-        a, b = getattr(old, name), getattr(new, name)
-        if a != b:
-            raise ConfigError(
-                f"limits.{name}",
-                f"cannot change while running ({a} -> {b}): the maps keep their sizes; "
-                f"`xdplb stop` and start again to resize (drops the connection table)",
-            )
