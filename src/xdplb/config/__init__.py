@@ -1,6 +1,7 @@
 """The configuration file: YAML, validated by pydantic models (:mod:`xdplb.config.schema`)."""
 
 from xdplb.config.checks import check_limits_unchanged
+from xdplb.config.load import load_config, parse_config
 from xdplb.config.schema import (
     AclConfig,
     ApiConfig,
@@ -14,8 +15,6 @@ from xdplb.config.schema import (
     TableKindName,
     VipConfig,
     XdpModeName,
-    load_config,
-    parse_config,
 )
 
 __all__ = [

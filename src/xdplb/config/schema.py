@@ -1,29 +1,20 @@
-"""The configuration file: YAML, validated by pydantic models.
-
-Every error is turned into a :class:`~xdplb.core.errors.ConfigError` whose ``field`` is the
-dotted path of the culprit (``vips[0].backends[1].weight``), so an operator can find it;
-a refused configuration never reaches the data path.
+"""The configuration's schema: pydantic models of the YAML file, one per section, and
+the enums they use. Every model is frozen and forbids unknown keys; its validators check
+what depends on its own fields (the checks that are plain functions are
+:mod:`xdplb.config.checks`), raising :class:`~xdplb.config.checks.FieldError` so the
+error names the field (:mod:`xdplb.config.load`). The API's request bodies are these
+models too.
 """
 
 from __future__ import annotations
 
 import ipaddress
 import re
-from collections.abc import Iterator
 from enum import StrEnum
 from pathlib import Path
 from typing import Annotated, Any
 
-import yaml
-from pydantic import (
-    BaseModel,
-    BeforeValidator,
-    ConfigDict,
-    Field,
-    ValidationError,
-    field_validator,
-    model_validator,
-)
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, field_validator, model_validator
 
 from xdplb.config.checks import (
     MAX_TABLE_SIZE,
@@ -35,7 +26,6 @@ from xdplb.config.checks import (
 from xdplb.config.health import HealthCheckConfig
 from xdplb.core import abi
 from xdplb.core.addresses import IPAddress, IPNetwork
-from xdplb.core.errors import ConfigError
 
 
 class Protocol(StrEnum):
@@ -544,57 +534,3 @@ def tunnelled_hc_targets(cfg: Config) -> set[tuple[IPAddress, EncapKind, HashFie
             if check is not None and check.via == "tunnel" and check.checker.kind != "command":
                 out.add((b.address, vip.encap, vip.hash))
     return out
-
-
-def _loc(loc: tuple[int | str, ...]) -> str:
-    out = ""
-    for part in loc:
-        if isinstance(part, int):
-            out += f"[{part}]"
-        elif part.startswith(("function-after", "function-before", "function-wrap")):
-            continue
-        else:
-            out += f".{part}" if out else part
-    return out
-
-
-def _errors(e: ValidationError) -> Iterator[tuple[str, str]]:
-    for err in e.errors():
-        ctx_err = err.get("ctx", {}).get("error")
-        loc = tuple(p for p in err["loc"] if not (isinstance(p, str) and "[" in p))
-        if isinstance(ctx_err, FieldError):
-            # A model-level check names its field relative to the model it checks.
-            prefix = _loc(loc)
-            yield (f"{prefix}.{ctx_err.field}" if prefix else ctx_err.field), ctx_err.message
-            continue
-        yield _loc(loc), err["msg"].removeprefix("Value error, ")
-
-
-def parse_config(data: Any) -> Config:
-    """Validate a parsed document; raise ConfigError naming the first bad field."""
-    if data is None:
-        data = {}
-    if not isinstance(data, dict):
-        raise ConfigError("", "the configuration must be a mapping at the top level")
-    try:
-        return Config.model_validate(data)
-    except ValidationError as e:
-        errs = list(_errors(e))
-        field, msg = errs[0]
-        if len(errs) > 1:
-            msg += f" (and {len(errs) - 1} more: " + "; ".join(f"{f}: {m}" for f, m in errs[1:4])
-            msg += ")"
-        raise ConfigError(field, msg) from None
-
-
-def load_config(path: str | Path) -> Config:
-    """Read and validate a YAML configuration file."""
-    try:
-        text = Path(path).read_text()
-    except OSError as e:
-        raise ConfigError("", f"cannot read {path}: {e.strerror}") from None
-    try:
-        data = yaml.safe_load(text)
-    except yaml.YAMLError as e:
-        raise ConfigError("", f"{path} is not valid YAML: {e}") from None
-    return parse_config(data)
