@@ -1,4 +1,11 @@
-"""The configuration file: YAML, validated by pydantic models (:mod:`xdplb.config.schema`)."""
+"""The configuration: one LB instance's YAML file as validated, frozen pydantic models
+(:mod:`~xdplb.config.schema`; health-check settings :mod:`~xdplb.config.health`), the
+checks that refuse what cannot work or would not fit the maps (:mod:`~xdplb.config.checks`)
+and loading (:mod:`~xdplb.config.load`), where every refusal becomes a
+:class:`~xdplb.core.errors.ConfigError` naming the field at fault. Nothing here needs a
+built C extension, so ``xdplb validate`` works from a bare checkout.
+May import: core, tables (primes).
+"""
 
 from xdplb.config.checks import check_limits_unchanged
 from xdplb.config.load import load_config, parse_config
