@@ -1,0 +1,536 @@
+"""The configuration's schema: pydantic models of the YAML file, one per section, and
+the enums they use. Every model is frozen and forbids unknown keys; its validators check
+what depends on its own fields (the checks that are plain functions are
+:mod:`xdplb.config.checks`), raising :class:`~xdplb.config.checks.FieldError` so the
+error names the field (:mod:`xdplb.config.load`). The API's request bodies are these
+models too.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import re
+from enum import StrEnum
+from pathlib import Path
+from typing import Annotated, Any
+
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, field_validator, model_validator
+
+from xdplb.config.checks import (
+    MAX_TABLE_SIZE,
+    FieldError,
+    check_fits,
+    check_limit_bounds,
+    check_table_size,
+)
+from xdplb.config.health import HealthCheckConfig
+from xdplb.core import abi
+from xdplb.core.addresses import IPAddress, IPNetwork
+
+
+class Protocol(StrEnum):
+    TCP = "tcp"
+    UDP = "udp"
+
+    @property
+    def number(self) -> int:
+        return abi.IPPROTO_TCP if self is Protocol.TCP else abi.IPPROTO_UDP
+
+
+class EncapKind(StrEnum):
+    GUE = "gue"
+    IPIP = "ipip"
+
+    @property
+    def abi(self) -> abi.Encap:
+        return abi.Encap.GUE if self is EncapKind.GUE else abi.Encap.IPIP
+
+
+class HashFields(StrEnum):
+    FIVE_TUPLE = "5tuple"  #: source and destination address and port, protocol
+    SOURCE = "source"  #: source address only: every flow of a client to one backend
+
+
+class TableKindName(StrEnum):
+    MAGLEV = "maglev"  #: one hop per bucket; consistent hashing
+    BEAMER = "beamer"  #: first hop + previous owners per bucket; daisy chaining keeps connections
+
+    @property
+    def abi(self) -> abi.TableKind:
+        return abi.TableKind.MAGLEV if self is TableKindName.MAGLEV else abi.TableKind.BEAMER
+
+
+#: Buckets of a Beamer table unless the VIP says otherwise (need not be prime).
+BEAMER_DEFAULT_SIZE = 65536
+
+
+class XdpModeName(StrEnum):
+    NATIVE = "native"
+    GENERIC = "generic"
+
+
+class _Model(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class BackendConfig(_Model):
+    """A backend of a VIP: the tunnel endpoint the LB encapsulates to."""
+
+    address: IPAddress
+    """Tunnel endpoint; the host runs host_tc and has the VIP on its loopback."""
+    weight: Annotated[int, Field(ge=0, le=65535)] = 1
+    """Relative share of new flows; 0 keeps the backend configured but out of the table."""
+    health: HealthCheckConfig | None = None
+    """This backend's own health check, instead of the VIP's."""
+
+
+class BeamerConfig(_Model):
+    """How fast a Beamer table may change (DESIGN.md §3)."""
+
+    min_interval: Annotated[float, Field(ge=0, le=86400)] = 60.0
+    """Seconds between two changes of this VIP's table: time for connections to drain."""
+    max_step: Annotated[float, Field(gt=0, le=1)] = 0.05
+    """Largest fraction of the buckets one change may move (small steps to a far target)."""
+
+
+class WeightBounds(_Model):
+    """The range load feedback may move one backend's weight within."""
+
+    min_weight: Annotated[int, Field(ge=0, le=65535)] = 1
+    max_weight: Annotated[int, Field(ge=1, le=65535)] = 65535
+
+    @model_validator(mode="after")
+    def _order(self) -> WeightBounds:
+        if self.min_weight > self.max_weight:
+            raise FieldError("min_weight", "must not be above max_weight")
+        return self
+
+
+_HOST_PORT = r"^(\[[0-9A-Fa-f:.]+\]|[0-9.]+):[0-9]{1,5}$"
+
+
+def _split_host_port(listen: str) -> tuple[str, int]:
+    host, _, port = listen.rpartition(":")
+    return host.strip("[]"), int(port)
+
+
+class AgentsConfig(_Model):
+    """Where the backends' agents (``python -m xdplb.agent``) send their reports: load
+    for ``load_feedback``, open connections for graceful drain, host_tc counters."""
+
+    listen: Annotated[str, Field(pattern=_HOST_PORT)]
+    """``address:port`` (``[v6]:port``): a management address, since reports are not
+    authenticated."""
+
+    @property
+    def address(self) -> tuple[str, int]:
+        return _split_host_port(self.listen)
+
+
+class ApiConfig(_Model):
+    """The daemon's HTTP API, metrics and status page."""
+
+    listen: str = ""
+    """``unix:/path``, ``address:port`` or ``[v6]:port``; empty: the unix socket
+    ``/run/xdplb/<instance>.api.sock`` (root only)."""
+    token: Annotated[str, Field(min_length=16, max_length=4096)] | None = None
+    """Bearer token every request must carry; required unless the API listens on a unix
+    socket or a loopback address."""
+    token_file: Path | None = None
+    """Read the token from this file instead (its first line)."""
+
+    @model_validator(mode="after")
+    def _check(self) -> ApiConfig:
+        if self.token is not None and self.token_file is not None:
+            raise FieldError("token_file", "give token or token_file, not both")
+        if self.listen and not self.listen.startswith("unix:"):
+            if not re.match(_HOST_PORT, self.listen):
+                raise FieldError("listen", "must be unix:/path, address:port or [v6]:port")
+            host, port = _split_host_port(self.listen)
+            try:
+                addr = ipaddress.ip_address(host)
+            except ValueError:
+                raise FieldError("listen", f"{host!r} is not an IP address") from None
+            if not 0 < port < 65536:
+                raise FieldError("listen", f"port {port} is out of range")
+            if not addr.is_loopback and self.token is None and self.token_file is None:
+                raise FieldError("token", "required when the API listens on a non-loopback address")
+        elif self.listen == "unix:":
+            raise FieldError("listen", "unix: needs a path")
+        return self
+
+
+class LoadFeedbackConfig(_Model):
+    """Load-aware weights (Bilibili's Nickel): ``xdplb.agent`` on each backend reports CPU
+    use and request rate; the weights of VIPs with ``load_feedback: true`` move toward
+    equal load, damped, within bounds, never faster than ``min_interval`` (nor than a
+    Beamer table's own). Off unless this section is present; needs ``agents``."""
+
+    gain: Annotated[float, Field(gt=0, le=1)] = 0.5
+    """Fraction of the distance to equal load covered by one change."""
+    deadband: Annotated[float, Field(ge=0, lt=1)] = 0.05
+    """Relative load difference below which a backend does not move."""
+    min_interval: Annotated[float, Field(gt=0, le=86400)] = 60.0
+    """Seconds between two weight changes."""
+    settle: Annotated[float, Field(ge=0)] = 1.5
+    """Reports this soon after a change describe the old weights and are ignored."""
+    max_age: Annotated[float, Field(gt=0)] = 5.0
+    """Reports older than this are ignored; a backend without one keeps its weight."""
+    total_weight: Annotated[int, Field(ge=1, le=65535 * 64)] = 1000
+    """Sum of the weights handed out per VIP (weights are relative; 1:1 cannot move)."""
+    bounds: WeightBounds = Field(default_factory=WeightBounds)
+    """Bounds of every backend not listed in ``backend_bounds``."""
+    backend_bounds: dict[IPAddress, WeightBounds] = Field(default_factory=dict)
+    """Bounds per backend address (e.g. a small machine that must never take much)."""
+
+    @model_validator(mode="after")
+    def _check(self) -> LoadFeedbackConfig:
+        if self.settle >= self.min_interval:
+            raise FieldError("settle", "must be below min_interval")
+        return self
+
+
+def _prefix(value: Any) -> IPNetwork:
+    """A source prefix: ``198.18.7.0/24``, ``fd78::/48`` or a bare address (/32, /128).
+    Host bits must be clear, so a typo does not silently widen or move the rule."""
+    if isinstance(value, ipaddress.IPv4Network | ipaddress.IPv6Network):
+        return value
+    if not isinstance(value, str):
+        raise ValueError("must be a prefix such as 198.18.7.0/24 or fd78:6470:6c62::/48")
+    try:
+        return ipaddress.ip_network(value)
+    except ValueError:
+        pass
+    try:
+        net = ipaddress.ip_network(value, strict=False)
+    except ValueError:
+        raise ValueError(f"{value!r} is not an IPv4 or IPv6 prefix") from None
+    raise ValueError(f"{value} has host bits set (the prefix is {net})")
+
+
+#: A source prefix of an ACL, host bits clear (``198.18.7.0/24``; a bare address is /32).
+AclPrefix = Annotated[IPNetwork, BeforeValidator(_prefix)]
+
+
+class AclConfig(_Model):
+    """Source ACL of one scope (global, or one VIP): the longest matching prefix decides.
+    A source no rule matches is allowed, unless ``allow`` is not empty: then it is denied
+    (an allow list). A denied packet is dropped in XDP (drop reason ``acl``)."""
+
+    allow: list[AclPrefix] = Field(default_factory=list)
+    """Source prefixes let through."""
+    deny: list[AclPrefix] = Field(default_factory=list)
+    """Source prefixes dropped."""
+
+    @model_validator(mode="after")
+    def _distinct(self) -> AclConfig:
+        seen: dict[IPNetwork, str] = {}
+        for name, prefixes in (("allow", self.allow), ("deny", self.deny)):
+            for i, p in enumerate(prefixes):
+                if p in seen:
+                    where = "listed twice" if seen[p] == name else f"also in {seen[p]}"
+                    raise FieldError(f"{name}[{i}]", f"{p} is {where}")
+                seen[p] = name
+        return self
+
+    @property
+    def empty(self) -> bool:
+        return not self.allow and not self.deny
+
+
+class RateLimitConfig(_Model):
+    """A token bucket per source prefix for new flows (TCP SYNs, UDP packets without a
+    connection-table entry): over it, new flows are dropped (drop reason ``rate_limit``)."""
+
+    new_flows_per_second: Annotated[int, Field(ge=1, le=2**32 - 1)]
+    """Sustained new flows per second each source prefix may open."""
+    burst: Annotated[int, Field(ge=1, le=2**32 - 1)] | None = None
+    """Bucket depth in new flows (default: one second's worth)."""
+    prefix_v4: Annotated[int, Field(ge=0, le=32)] = 32
+    """Sources are grouped by this IPv4 prefix length (32: each address its own bucket)."""
+    prefix_v6: Annotated[int, Field(ge=0, le=128)] = 64
+    """And this IPv6 prefix length (64: one bucket per /64, a host's usual allocation)."""
+
+    @property
+    def bucket(self) -> int:
+        return self.burst if self.burst is not None else self.new_flows_per_second
+
+
+#: Connection-table inserts per second per CPU unless ``flood.conn_insert_budget`` says.
+DEFAULT_INSERT_BUDGET = abi.DEFAULT_FLOOD_MAX * 1_000_000_000 // abi.FLOOD_WINDOW_NS
+
+
+class FloodConfig(_Model):
+    """New-connection flood handling."""
+
+    conn_insert_budget: Annotated[int, Field(ge=0, le=2**32 - 1)] = DEFAULT_INSERT_BUDGET
+    """Connection-table inserts per second per CPU (counted per 100 ms window); new flows
+    beyond it are balanced by the table but not recorded (event ``conn_flood``). 0: no
+    limit."""
+    rate_limit: RateLimitConfig | None = None
+    """Per-source-prefix rate limit of new flows; absent: off."""
+
+    @property
+    def flood_max(self) -> int:
+        """Inserts per window per CPU (``struct xdplb_config.flood_max``)."""
+        if not self.conn_insert_budget:
+            return 0
+        per_window = self.conn_insert_budget * abi.FLOOD_WINDOW_NS // 1_000_000_000
+        return min(max(1, per_window), 2**32 - 1)
+
+
+class VipConfig(_Model):
+    """A virtual service: (address, port, protocol) and where its flows go."""
+
+    address: IPAddress
+    port: Annotated[int, Field(ge=0, le=65535)] = 0
+    """0 is the wildcard: every port of the address (for this protocol)."""
+    protocol: Protocol = Protocol.TCP
+    encap: EncapKind = EncapKind.GUE
+    hash: HashFields = HashFields.FIVE_TUPLE
+    table: TableKindName = TableKindName.MAGLEV
+    """maglev, or beamer: previous owners per bucket so backends can daisy-chain connections."""
+    beamer: BeamerConfig = Field(default_factory=BeamerConfig)
+    """Change policy of a Beamer table (ignored for Maglev)."""
+    table_size: int | None = None
+    """Buckets in this VIP's table: a prime for Maglev (default: the global table_size),
+    any size for Beamer (default 65,536)."""
+    load_feedback: bool = False
+    """Let the backends' reported load move their weights (needs the top-level
+    ``load_feedback`` section)."""
+    icmp_echo: bool = False
+    """Answer ICMP/ICMPv6 echo requests to this VIP's address in lb_xdp (set on any VIP of
+    an address, it applies to the address)."""
+    fragments: bool = False
+    """This VIP gets the IP fragments to its address and protocol (their port is
+    unknown). Default: the port-0 VIP of the address and protocol, else its only VIP;
+    with several and no choice, fragments are dropped."""
+    health: HealthCheckConfig | None = None
+    """Health check of every backend of this VIP (a backend may have its own); none:
+    the backends count as up. A backend that fails leaves the table until it recovers."""
+    backends: list[BackendConfig] = Field(default_factory=list)
+    acl: AclConfig = Field(default_factory=AclConfig)
+    """This VIP's own source ACL, checked after the global one."""
+
+    @model_validator(mode="after")
+    def _check_ports(self) -> VipConfig:
+        if self.port:
+            return self
+        checks = [("health", self.health)]
+        checks += [(f"backends[{i}].health", b.health) for i, b in enumerate(self.backends)]
+        for where, hc in checks:
+            if hc is not None and hc.checker.kind != "command" and hc.checker.check_port is None:
+                raise FieldError(
+                    f"{where}.checker.{hc.checker.kind}.check_port",
+                    "required: the VIP is a wildcard (port 0)",
+                )
+        return self
+
+    @model_validator(mode="after")
+    def _size(self) -> VipConfig:
+        if self.table_size is None:
+            return self
+        if self.table is TableKindName.MAGLEV:
+            try:
+                check_table_size(self.table_size)
+            except ValueError as e:
+                raise FieldError("table_size", str(e)) from None
+        elif not 1 <= self.table_size <= MAX_TABLE_SIZE:
+            raise FieldError("table_size", f"must be between 1 and {MAX_TABLE_SIZE}")
+        return self
+
+    @field_validator("backends")
+    @classmethod
+    def _unique_backends(cls, v: list[BackendConfig]) -> list[BackendConfig]:
+        seen: set[IPAddress] = set()
+        for b in v:
+            if b.address in seen:
+                raise ValueError(f"backend {b.address} is listed twice")
+            seen.add(b.address)
+        return v
+
+    @property
+    def key(self) -> tuple[IPAddress, int, Protocol]:
+        return (self.address, self.port, self.protocol)
+
+    @property
+    def name(self) -> str:
+        addr = f"[{self.address}]" if self.address.version == 6 else str(self.address)
+        return f"{addr}:{self.port}/{self.protocol}"
+
+
+class TunnelConfig(_Model):
+    """Outer headers of the tunnels from the LB to the backends."""
+
+    source_v4: ipaddress.IPv4Address | None = None
+    """Outer source address for IPv4 backends (the LB's own address)."""
+    source_v6: ipaddress.IPv6Address | None = None
+    """Outer source address for IPv6 backends."""
+    gue_port: Annotated[int, Field(ge=1, le=65535)] = abi.GUE_PORT
+    """UDP destination port of GUE; host_tc on the backends must use the same."""
+    icmp_too_big: bool = False
+    """A client packet too big for the tunnel (egress MTU) is answered with ICMP
+    "fragmentation needed" (IPv4 with DF) / ICMPv6 "packet too big" naming the MTU the
+    client must use, instead of being dropped silently."""
+
+
+class LimitsConfig(_Model):
+    """Sizes of lb_xdp's and hc_tc's maps, fixed when the maps are created: changing one
+    needs a fresh start (``xdplb stop``, which drops the connection table). Which maps
+    each field sizes, what a full map does and the kernel memory each takes are in
+    docs/operations.md ("Limits and memory")."""
+
+    vips: int = abi.MAX_VIPS
+    """VIPs (``lb_tables``, ``lb_btables``, ``lb_vip_stats``, ``lb_vip_addrs``; ``lb_vips``
+    has twice as many entries, for a plan that replaces every VIP). A VIP whose table
+    changes size or kind moves to a free VIP id, so leave room."""
+    backends: int = abi.MAX_BACKENDS
+    """Backend slots (``lb_backends``, ``lb_be_stats``); slot 0 is never a backend, so at
+    most ``backends - 1`` distinct backend addresses, Beamer later hops included."""
+    conn_table: int = abi.CONN_ENTRIES
+    """Connections the connection table holds (``lb_conns``): a power of 2, in sets of
+    4 (validated, not rounded)."""
+    hc_targets: int = abi.MAX_HC_TARGETS
+    """Distinct tunnelled health-check targets (``hc_targets``): (backend, encapsulation,
+    hash) triples."""
+    acl_rules: int = 16384
+    """Prefixes of the source ACLs, per family (``lb_acl4``, ``lb_acl6``)."""
+    rate_limit_sources: int = 65536
+    """Source prefixes the new-flow rate limit tracks at once (``lb_rate``, LRU)."""
+
+    @model_validator(mode="after")
+    def _check(self) -> LimitsConfig:
+        check_limit_bounds(self)
+        return self
+
+    @property
+    def conn_sets(self) -> int:
+        """Sets of the connection table."""
+        return self.conn_table // abi.CONN_WAYS
+
+    @property
+    def conn_mask(self) -> int:
+        """``lb_config.conn_mask``: a flow's set is its hash AND this."""
+        return self.conn_sets - 1
+
+
+class Config(_Model):
+    """The whole desired state of one LB instance."""
+
+    instance: Annotated[str, Field(pattern=r"^[A-Za-z0-9_.-]{1,64}$")] = "default"
+    """Name of this instance: its pins live in /sys/fs/bpf/xdplb/<instance>."""
+    interfaces: list[str] = Field(default_factory=list)
+    """Interfaces to attach lb_xdp to."""
+    xdp_mode: XdpModeName = XdpModeName.NATIVE
+    """native (driver) XDP; generic only as an explicit fallback."""
+    hash_seed: Annotated[int, Field(ge=0, le=2**32 - 1)] = 0
+    """Seed of the flow hash; every LB node of a cluster must use the same."""
+    table_size: int = abi.DEFAULT_TABLE_SIZE
+    """Default number of buckets of a Maglev table (a prime, > 100 x backends for <1% imbalance)."""
+    tunnel: TunnelConfig = Field(default_factory=TunnelConfig)
+    api: ApiConfig = Field(default_factory=ApiConfig)
+    agents: AgentsConfig | None = None
+    """Reports from the backends' agents; absent: none are received."""
+    load_feedback: LoadFeedbackConfig | None = None
+    """Load-aware weights; absent: weights are exactly those configured."""
+    limits: LimitsConfig = Field(default_factory=LimitsConfig)
+    """Map sizes (fixed while the instance's maps exist)."""
+    acl: AclConfig = Field(default_factory=AclConfig)
+    """Source ACL of every VIP address (any port, any protocol), checked first."""
+    flood: FloodConfig = Field(default_factory=FloodConfig)
+    """Connection-table insert budget and the new-flow rate limit."""
+    vips: list[VipConfig] = Field(default_factory=list)
+
+    @field_validator("table_size")
+    @classmethod
+    def _prime(cls, v: int) -> int:
+        check_table_size(v)
+        return v
+
+    @field_validator("interfaces")
+    @classmethod
+    def _ifnames(cls, v: list[str]) -> list[str]:
+        for name in v:
+            if not 0 < len(name) < 16 or "/" in name or name.strip() != name:
+                raise ValueError(f"{name!r} is not a valid interface name")
+        if len(set(v)) != len(v):
+            raise ValueError("an interface is listed twice")
+        return v
+
+    @field_validator("vips")
+    @classmethod
+    def _vips(cls, v: list[VipConfig]) -> list[VipConfig]:
+        seen: set[tuple[IPAddress, int, Protocol]] = set()
+        frag: dict[tuple[IPAddress, Protocol], str] = {}
+        for vip in v:
+            if vip.key in seen:
+                raise ValueError(f"VIP {vip.name} is listed twice")
+            seen.add(vip.key)
+            if vip.fragments:
+                other = frag.setdefault((vip.address, vip.protocol), vip.name)
+                if other != vip.name:
+                    raise ValueError(
+                        f"VIPs {other} and {vip.name} both ask for the fragments of "
+                        f"{vip.address}/{vip.protocol}"
+                    )
+        return v
+
+    @model_validator(mode="after")
+    def _tunnel_sources(self) -> Config:
+        for i, vip in enumerate(self.vips):
+            for j, b in enumerate(vip.backends):
+                if b.address.version == 4 and self.tunnel.source_v4 is None:
+                    raise FieldError(
+                        f"vips[{i}].backends[{j}].address",
+                        "an IPv4 backend needs tunnel.source_v4",
+                    )
+                if b.address.version == 6 and self.tunnel.source_v6 is None:
+                    raise FieldError(
+                        f"vips[{i}].backends[{j}].address",
+                        "an IPv6 backend needs tunnel.source_v6",
+                    )
+        if self.load_feedback is not None and self.agents is None:
+            raise FieldError("load_feedback", "needs the agents section (where reports arrive)")
+        for i, vip in enumerate(self.vips):
+            if vip.load_feedback and self.load_feedback is None:
+                raise FieldError(
+                    f"vips[{i}].load_feedback", "needs the top-level load_feedback section"
+                )
+        self._check_limits()
+        return self
+
+    def _check_limits(self) -> None:
+        """What the configuration needs fits the maps ``limits`` sizes."""
+        acls = (self.acl, *(v.acl for v in self.vips))
+        check_fits(
+            self.limits,
+            vips=len(self.vips),
+            backends=len(self.backend_addresses()),
+            hc_targets=len(tunnelled_hc_targets(self)),
+            acl_rules={
+                version: sum(
+                    1 for acl in acls for p in (*acl.allow, *acl.deny) if p.version == version
+                )
+                for version in (4, 6)
+            },
+        )
+
+    def backend_addresses(self) -> set[IPAddress]:
+        return {b.address for vip in self.vips for b in vip.backends}
+
+    def vip_table_size(self, vip: VipConfig) -> int:
+        if vip.table_size is not None:
+            return vip.table_size
+        return self.table_size if vip.table is TableKindName.MAGLEV else BEAMER_DEFAULT_SIZE
+
+
+def tunnelled_hc_targets(cfg: Config) -> set[tuple[IPAddress, EncapKind, HashFields]]:
+    """The distinct (backend, encapsulation, hash) triples health checks go through the
+    tunnel to: one ``hc_targets`` entry each (xdplb.health.targets)."""
+    out = set()
+    for vip in cfg.vips:
+        for b in vip.backends:
+            check = b.health or vip.health
+            if check is not None and check.via == "tunnel" and check.checker.kind != "command":
+                out.add((b.address, vip.encap, vip.hash))
+    return out
