@@ -85,7 +85,7 @@ class BackendConfig(_Model):
 
 
 class BeamerConfig(_Model):
-    """How fast a Beamer table may change (DESIGN.md §3)."""
+    """How fast a Beamer table may change (docs/design.md §3)."""
 
     min_interval: Annotated[float, Field(ge=0, le=86400)] = 60.0
     """Seconds between two changes of this VIP's table: time for connections to drain."""

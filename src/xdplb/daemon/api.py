@@ -240,7 +240,7 @@ def _validation_error(exc: RequestValidationError) -> ApiError:
     where, *rest = first.get("loc", ("body",))
     field = _dotted(rest)
     sub = getattr(first.get("ctx", {}).get("error"), "field", None)
-    if isinstance(sub, str):  # a model-level check names its field (config._FieldError)
+    if isinstance(sub, str):  # a model-level check names its field (config.checks.FieldError)
         field = f"{field}.{sub}" if field else sub
     msg = str(first.get("msg", "invalid")).removeprefix("Value error, ")
     if first.get("type") == "json_invalid":
