@@ -64,10 +64,10 @@ from types import FrameType, MappingProxyType, TracebackType
 from typing import Any
 
 from xdplb.core import paths
-from xdplb.core.addresses import IPAddress
+from xdplb.core.addresses import IPAddress, unmap
 from xdplb.core.errors import XdplbError
 from xdplb.core.reports import ConnKey, LoadReport
-from xdplb.serverconns import ConnectionCounter, unmap
+from xdplb.serverconns import ConnectionCounter
 
 log = logging.getLogger("xdplb.agent")
 

@@ -38,7 +38,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from types import TracebackType
 
-from xdplb.core.addresses import IPAddress
+from xdplb.core.addresses import IPAddress, unmap
 from xdplb.core.reports import ConnKey
 
 #: TCP states as sock_diag numbers them (include/net/tcp_states.h).
@@ -69,13 +69,6 @@ _MSG_LEN = 72
 #: struct nlattr {u16 len; u16 type}
 _NLA = struct.Struct("=HH")
 _RECV_BUF = 1 << 18
-
-
-def unmap(addr: IPAddress) -> IPAddress:
-    """``::ffff:a.b.c.d`` as ``a.b.c.d``; any other address as it is."""
-    if isinstance(addr, ipaddress.IPv6Address) and addr.ipv4_mapped is not None:
-        return addr.ipv4_mapped
-    return addr
 
 
 @dataclass(frozen=True, slots=True)

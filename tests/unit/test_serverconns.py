@@ -10,6 +10,7 @@ import struct
 
 import pytest
 
+from xdplb.core.addresses import unmap
 from xdplb.serverconns import (
     DUMP_STATES,
     NLMSG_DONE,
@@ -23,7 +24,6 @@ from xdplb.serverconns import (
     TcpSocket,
     count_server_connections,
     parse_dump,
-    unmap,
 )
 
 pytestmark = pytest.mark.unit

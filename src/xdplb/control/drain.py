@@ -20,9 +20,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from types import MappingProxyType
 
-from xdplb.core.addresses import IPAddress
+from xdplb.core.addresses import IPAddress, unmap
 from xdplb.core.reports import ConnKey, LoadReport
-from xdplb.serverconns import unmap
 
 
 @dataclass(frozen=True, slots=True)
