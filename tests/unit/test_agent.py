@@ -13,8 +13,8 @@ from typing import Any
 
 import pytest
 
-from xdplb import agent as agent_module
-from xdplb.agent import (
+from xdplb.agent import wire as agent_module
+from xdplb.agent.wire import (
     MAX_CHAIN,
     MAX_CONN_COUNT,
     MAX_CONNS,

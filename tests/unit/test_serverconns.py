@@ -10,8 +10,7 @@ import struct
 
 import pytest
 
-from xdplb.core.addresses import unmap
-from xdplb.serverconns import (
+from xdplb.agent.serverconns import (
     DUMP_STATES,
     NLMSG_DONE,
     NLMSG_ERROR,
@@ -25,6 +24,7 @@ from xdplb.serverconns import (
     count_server_connections,
     parse_dump,
 )
+from xdplb.core.addresses import unmap
 
 pytestmark = pytest.mark.unit
 

@@ -63,11 +63,11 @@ from pathlib import Path
 from types import FrameType, MappingProxyType, TracebackType
 from typing import Any
 
+from xdplb.agent.serverconns import ConnectionCounter
 from xdplb.core import paths
 from xdplb.core.addresses import IPAddress, unmap
 from xdplb.core.errors import XdplbError
 from xdplb.core.reports import ConnKey, LoadReport
-from xdplb.serverconns import ConnectionCounter
 
 log = logging.getLogger("xdplb.agent")
 

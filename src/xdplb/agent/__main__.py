@@ -1,0 +1,5 @@
+import sys
+
+from xdplb.agent.wire import main
+
+sys.exit(main())
