@@ -12,9 +12,9 @@ import socket
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from types import TracebackType
 
 from xdplb.agent.wire import MAX_DATAGRAM, decode_report
+from xdplb.core.closing import Closing
 from xdplb.core.reports import LoadReport
 
 log = logging.getLogger("xdplb.agent")  # the agent's one logger, whichever module logs
@@ -43,7 +43,7 @@ def _family(host: str) -> socket.AddressFamily:
         return socket.AF_INET
 
 
-class ReportReceiver:
+class ReportReceiver(Closing):
     """The controller's end: a UDP socket whose :meth:`poll` never blocks."""
 
     def __init__(
@@ -100,14 +100,3 @@ class ReportReceiver:
 
     def close(self) -> None:
         self._sock.close()
-
-    def __enter__(self) -> ReportReceiver:
-        return self
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self.close()

@@ -34,9 +34,9 @@ import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
-from types import TracebackType
 from typing import TYPE_CHECKING, Any, TypeVar
 
+from xdplb.core.closing import Closing
 from xdplb.core.errors import LabError
 from xdplb.lab import netns
 
@@ -96,7 +96,7 @@ def _options(chromium: Path, profile: Path, width: int, height: int) -> webdrive
     return opts
 
 
-class Browser:
+class Browser(Closing):
     """One headless Chromium window (``width`` x ``height``), closed on exit.
 
     ``ns``: the full name of a network namespace (``lab.ns("lb")``) to run the browser
@@ -138,14 +138,6 @@ class Browser:
             self.close()
             raise
         return self
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self.close()
 
     def _start(self) -> None:
         from selenium import webdriver
