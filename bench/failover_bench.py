@@ -43,10 +43,9 @@ from typing import Any
 from xdplb.core.state import LookupTable
 from xdplb.datapath.lb import TABLE_MAPS, LbMaps
 from xdplb.datapath.maps import Map
-from xdplb.lab import Lab
+from xdplb.lab import Lab, cleanup_stale
 from xdplb.lab.host import attach_host
 from xdplb.lab.lbnode import LbNode
-from xdplb.lab.topology import cleanup_stale
 
 VIP = "198.18.100.1"
 VICTIM = "b2"

@@ -18,7 +18,7 @@ from typing import Any
 
 import pytest
 
-from xdplb.agent import ReportReceiver
+from xdplb.agent.receiver import ReportReceiver
 from xdplb.control.drain import ConnectionCounts, Count, drain_done
 from xdplb.core.reports import LoadReport
 from xdplb.lab import Lab

@@ -9,7 +9,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from xdplb.agent import WireReport, encode_report
+from xdplb.agent.wire import WireReport, encode_report
 from xdplb.lab import Lab
 from xdplb.lab.lbnode import LbNode
 

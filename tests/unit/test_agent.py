@@ -13,8 +13,19 @@ from typing import Any
 
 import pytest
 
-from xdplb import agent as agent_module
-from xdplb.agent import (
+from xdplb.agent import run as agent_run
+from xdplb.agent.__main__ import main, parse_target
+from xdplb.agent.receiver import ReportReceiver
+from xdplb.agent.run import largest, read_chain, run_agent
+from xdplb.agent.sampling import (
+    CpuTimes,
+    Sample,
+    Sampler,
+    rates,
+    read_cpu_times,
+    read_passive_opens,
+)
+from xdplb.agent.wire import (
     MAX_CHAIN,
     MAX_CONN_COUNT,
     MAX_CONNS,
@@ -22,21 +33,9 @@ from xdplb.agent import (
     MAX_DATAGRAM,
     MAX_NAME,
     MAX_SEQ,
-    CpuTimes,
-    ReportReceiver,
-    Sample,
-    Sampler,
     WireReport,
     decode_report,
     encode_report,
-    largest,
-    main,
-    parse_target,
-    rates,
-    read_chain,
-    read_cpu_times,
-    read_passive_opens,
-    run_agent,
 )
 from xdplb.core import paths
 from xdplb.core.reports import ConnKey, LoadReport
@@ -582,7 +581,7 @@ def test_agent_reports_host_tc_counters_when_readable(
             raise r
         return r
 
-    monkeypatch.setattr(agent_module, "read_chain", fake_read_chain)
+    monkeypatch.setattr(agent_run, "read_chain", fake_read_chain)
     got = run_for_reports(receiver, tmp_path, 3, count_conns=dict, host_instance="lab-b1")
     # A failed read is a report without the field, not a dead agent.
     assert [r.chain for r in got[:3]] == [{"pass": 5, "forward": 1}, None, None]

@@ -8,7 +8,8 @@ from typing import Any
 
 import pytest
 
-from xdplb.agent import ReportReceiver, WireReport, encode_report
+from xdplb.agent.receiver import ReportReceiver
+from xdplb.agent.wire import WireReport, encode_report
 from xdplb.config import Config, parse_config
 from xdplb.control.vip_weights import WeightFeedback
 from xdplb.core.errors import ConfigError

@@ -10,7 +10,7 @@ import struct
 
 import pytest
 
-from xdplb.serverconns import (
+from xdplb.agent.serverconns import (
     DUMP_STATES,
     NLMSG_DONE,
     NLMSG_ERROR,
@@ -23,8 +23,8 @@ from xdplb.serverconns import (
     TcpSocket,
     count_server_connections,
     parse_dump,
-    unmap,
 )
+from xdplb.core.addresses import unmap
 
 pytestmark = pytest.mark.unit
 

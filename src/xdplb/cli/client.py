@@ -20,7 +20,6 @@ import os
 import re
 import time
 from pathlib import Path
-from types import TracebackType
 from typing import Any, TypeVar
 
 import httpx
@@ -38,6 +37,7 @@ from xdplb.control.interface import (
     VipStatus,
 )
 from xdplb.core.addresses import IPAddress
+from xdplb.core.closing import Closing
 from xdplb.core.paths import api_socket
 
 M = TypeVar("M", bound=BaseModel)
@@ -145,7 +145,7 @@ def _acl_path(vip: VipRef | None) -> str:
     return "/api/v1/acl" if vip is None else f"{_vip_path(vip)}/acl"
 
 
-class Client:
+class Client(Closing):
     """The API of one daemon. ``api``: a base URL (``http://198.18.0.2:9100``); None:
     the unix socket of ``instance``. ``token``: sent as ``Authorization: Bearer``
     (default: the ``XDPLB_TOKEN`` environment variable)."""
@@ -176,17 +176,6 @@ class Client:
 
     def close(self) -> None:
         self._http.close()
-
-    def __enter__(self) -> Client:
-        return self
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self.close()
 
     # Transport.
 

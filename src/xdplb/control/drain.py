@@ -2,8 +2,8 @@
 
 Draining a backend stops new connections to it; it is done when the last connection it
 had for the VIP has ended. Under direct server return the LB never sees a connection
-end, so the backend's agent counts its server-side connections (:mod:`xdplb.agent`,
-:mod:`xdplb.serverconns`) and this module keeps the latest count per backend.
+end, so the backend's agent counts its server-side connections
+(:mod:`xdplb.agent.serverconns`) and this module keeps the latest count per backend.
 
 Sans-I/O, like :mod:`xdplb.control.weight_law`: reports and receive times go in, counts come
 out. A count is only as new as the report it came in: :func:`drain_done` will not call a
@@ -20,9 +20,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from types import MappingProxyType
 
-from xdplb.core.addresses import IPAddress
+from xdplb.core.addresses import IPAddress, unmap
 from xdplb.core.reports import ConnKey, LoadReport
-from xdplb.serverconns import unmap
 
 
 @dataclass(frozen=True, slots=True)

@@ -40,7 +40,7 @@ class LoadReport:
     delay) when ``conns`` was true."""
     conns: Mapping[ConnKey, int] | None = field(default=None, hash=False)
     """Established server-side connections per (local address, port), non-zero entries
-    only (see xdplb.serverconns). None: the agent does not count them (an older agent),
+    only (see xdplb.agent.serverconns). None: the agent does not count them (an older agent),
     which is not the same as none open."""
     conns_truncated: bool = False
     """``conns`` holds only the largest entries: an address and port missing from it may

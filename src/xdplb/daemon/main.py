@@ -33,7 +33,7 @@ from pathlib import Path
 
 import uvicorn
 
-from xdplb.agent import ReportReceiver
+from xdplb.agent.receiver import ReportReceiver
 from xdplb.config import ApiConfig
 from xdplb.control.runtime import Runtime
 from xdplb.core import paths

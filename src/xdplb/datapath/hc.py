@@ -66,6 +66,7 @@ from typing import Any, NamedTuple
 
 from xdplb.core import abi, paths
 from xdplb.core.addresses import IPAddress
+from xdplb.core.closing import Closing
 from xdplb.core.errors import XdplbError
 from xdplb.datapath.links import tc_attach
 from xdplb.datapath.maps import Map
@@ -268,7 +269,7 @@ def hc_events(events: Map) -> dict[str, int]:
     }
 
 
-class HealthTunnel:
+class HealthTunnel(Closing):
     """The health-check tunnel of one LB instance, in the calling thread's network
     namespace: the device, its policy routing, hc_tc attached at its egress, and hc_tc's
     maps pinned under :func:`pin_dir`. Making one again reuses all of it."""
@@ -374,12 +375,6 @@ class HealthTunnel:
     def close(self) -> None:
         """Close descriptors only: device, filter, rules, routes and pins stay."""
         self.obj.close()
-
-    def __enter__(self) -> HealthTunnel:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
 
 
 def destroy_health_tunnel(instance: str) -> None:

@@ -19,6 +19,7 @@ from pathlib import Path
 
 from xdplb.core import abi, limits, mapops, paths
 from xdplb.core.acl import AclKey, hits_slot, rule_value
+from xdplb.core.closing import Closing
 from xdplb.core.errors import BpfError
 from xdplb.core.state import (
     BackendState,
@@ -114,7 +115,7 @@ def check_pins(instance: str, lim: limits.Limits) -> None:
             raise bad[0].error(instance)
 
 
-class LbMaps:
+class LbMaps(Closing):
     """The maps of one lb_xdp instance, from a loaded object or from their pins."""
 
     def __init__(self, maps: dict[str, Map]) -> None:
@@ -130,12 +131,6 @@ class LbMaps:
             raise FileNotFoundError(f"{pin_root}: no pinned {', '.join(missing)}: is it running?")
         extra = [n for n in limits.SIZED_MAPS if n not in MAP_NAMES and (pin_root / n).exists()]
         return cls({n: Map.from_pinned(pin_root / n) for n in (*MAP_NAMES, *extra)})
-
-    def __enter__(self) -> LbMaps:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
 
     def __getitem__(self, name: str) -> Map:
         return self.maps[name]

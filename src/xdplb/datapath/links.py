@@ -5,6 +5,7 @@ from __future__ import annotations
 import enum
 import errno
 
+from xdplb.core.closing import Closing
 from xdplb.datapath._ffi import StrPath, check, close_fd, lib, new_opts, obj_get, obj_info, obj_pin
 from xdplb.datapath.programs import Program
 
@@ -16,7 +17,7 @@ class XdpMode(enum.IntEnum):
     NATIVE = 1 << 2  # XDP_FLAGS_DRV_MODE
 
 
-class Link:
+class Link(Closing):
     """A bpf_link. Closing the fd detaches it unless it is pinned; detach() always does."""
 
     def __init__(self, fd: int) -> None:
@@ -60,12 +61,6 @@ class Link:
         close_fd(fd)
 
     def __del__(self) -> None:
-        self.close()
-
-    def __enter__(self) -> Link:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
         self.close()
 
 

@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy
 
+from xdplb.core.closing import Closing
 from xdplb.core.errors import BpfError
 from xdplb.datapath._ffi import (
     StrPath,
@@ -119,7 +120,7 @@ def _round8(n: int) -> int:
     return (n + 7) & ~7
 
 
-class Map:
+class Map(Closing):
     """An open BPF map. Owns its file descriptor (closed by close() or on collection)."""
 
     def __init__(self, fd: int, name: str | None = None) -> None:
@@ -193,12 +194,6 @@ class Map:
         close_fd(fd)
 
     def __del__(self) -> None:
-        self.close()
-
-    def __enter__(self) -> Map:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
         self.close()
 
     def __repr__(self) -> str:

@@ -7,6 +7,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from xdplb.core.closing import Closing
 from xdplb.core.errors import LoadError, XdplbError
 from xdplb.datapath._ffi import StrPath, capture_log, ffi, lib, new_opts
 from xdplb.datapath.maps import Map
@@ -24,7 +25,7 @@ class PinnedSizeError(XdplbError):
         )
 
 
-class BpfObject:
+class BpfObject(Closing):
     """A loaded BPF object (one ``.bpf.o``).
 
     Its programs and maps are handles on duplicated descriptors. close() closes them
@@ -128,12 +129,6 @@ class BpfObject:
         obj, self._obj = getattr(self, "_obj", None), None
         if obj is not None:
             lib.bpf_object__close(obj)
-
-    def __enter__(self) -> BpfObject:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
 
     def __repr__(self) -> str:
         return f"BpfObject({str(self.path)!r}, programs={sorted(self.programs)})"

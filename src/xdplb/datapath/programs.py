@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+from xdplb.core.closing import Closing
 from xdplb.datapath._ffi import StrPath, close_fd, dup_fd, ffi, obj_get, obj_info, obj_pin
 from xdplb.datapath.testrun import TestRunResult, test_run
 
 
-class Program:
+class Program(Closing):
     """A loaded BPF program. Owns its file descriptor (closed by close() or on collection)."""
 
     def __init__(self, fd: int, name: str | None = None) -> None:
@@ -66,12 +67,6 @@ class Program:
         close_fd(fd)
 
     def __del__(self) -> None:
-        self.close()
-
-    def __enter__(self) -> Program:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
         self.close()
 
     def __repr__(self) -> str:

@@ -1,13 +1,15 @@
 """The network-namespace lab: a client, an LB and backends on one bridged segment.
 
 - netns: enter a namespace (setns) and start processes in one, without ``ip netns exec``
-- topology: :class:`Lab`, the topology with its addresses, and :func:`cleanup_stale`
+- topology: :class:`Lab`, the topology with its addresses
+- registry: the instances' prefixes and owners, and :func:`cleanup_stale` of dead ones
 - host: :func:`attach_host`, host_tc on a backend
 - packets: GUE / IPIP packets as lb_xdp builds them
 - pytest_plugin: the ``lab`` fixture
 - browser: :class:`~xdplb.lab.browser.Browser`, headless Chromium in a namespace (status page tests)
 """
 
+from xdplb.lab.registry import cleanup_stale
 from xdplb.lab.topology import (
     DEFAULT_VIPS,
     SEGMENT4,
@@ -16,7 +18,6 @@ from xdplb.lab.topology import (
     VIP_NET6,
     Lab,
     Node,
-    cleanup_stale,
 )
 
 __all__ = [

@@ -2,7 +2,8 @@
 
 Debian's ``chromium`` and ``chromium-driver`` (scripts/deps.sh installs them) are driven
 through Selenium with both paths given explicitly, so Selenium Manager never looks for,
-or downloads, a browser or a driver.
+or downloads, a browser or a driver. Selenium is a test dependency (the dev extra),
+imported where the browser is driven: importing this module does not need it.
 
 The daemon listens on 127.0.0.1 inside the lab's ``lb`` namespace, which the test
 process cannot reach. So with ``ns`` every WebDriver call runs on one worker thread
@@ -33,21 +34,15 @@ import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
-from types import TracebackType
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
-from selenium import webdriver
-from selenium.common.exceptions import (
-    NoSuchElementException,
-    StaleElementReferenceException,
-    WebDriverException,
-)
-from selenium.webdriver.chrome.service import Service
-from selenium.webdriver.common.by import By
-from selenium.webdriver.remote.webelement import WebElement
-
+from xdplb.core.closing import Closing
 from xdplb.core.errors import LabError
 from xdplb.lab import netns
+
+if TYPE_CHECKING:
+    from selenium import webdriver
+    from selenium.webdriver.remote.webelement import WebElement
 
 CHROMIUM = Path("/usr/bin/chromium")
 CHROMEDRIVER = Path("/usr/bin/chromedriver")
@@ -62,10 +57,6 @@ class ElementMissing(LabError):
     """No element matches the selector (yet): wait_for retries on it."""
 
 
-# Raised while the page is still changing under a condition: wait_for tries again.
-_RETRY = (ElementMissing, NoSuchElementException, StaleElementReferenceException)
-
-
 def chromium_version(chromium: Path = CHROMIUM) -> str:
     """``Chromium 120.0.6099.224 built on Debian ...``, from ``chromium --version``."""
     done = subprocess.run(
@@ -75,6 +66,8 @@ def chromium_version(chromium: Path = CHROMIUM) -> str:
 
 
 def _options(chromium: Path, profile: Path, width: int, height: int) -> webdriver.ChromeOptions:
+    from selenium import webdriver
+
     opts = webdriver.ChromeOptions()
     opts.binary_location = str(chromium)
     for arg in (
@@ -103,7 +96,7 @@ def _options(chromium: Path, profile: Path, width: int, height: int) -> webdrive
     return opts
 
 
-class Browser:
+class Browser(Closing):
     """One headless Chromium window (``width`` x ``height``), closed on exit.
 
     ``ns``: the full name of a network namespace (``lab.ns("lb")``) to run the browser
@@ -146,15 +139,11 @@ class Browser:
             raise
         return self
 
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self.close()
-
     def _start(self) -> None:
+        from selenium import webdriver
+        from selenium.common.exceptions import WebDriverException
+        from selenium.webdriver.chrome.service import Service
+
         for path in (self.chromium, self.chromedriver):
             if not path.is_file():
                 raise LabError(f"{path} is missing: apt-get install chromium chromium-driver")
@@ -229,8 +218,13 @@ class Browser:
         """``fn(driver)`` on the worker thread: anything the methods here do not cover."""
         return self._call(lambda: fn(self.driver))
 
+    def _all(self, css: str) -> list[WebElement]:
+        from selenium.webdriver.common.by import By
+
+        return self.driver.find_elements(By.CSS_SELECTOR, css)
+
     def _first(self, css: str) -> WebElement:
-        found = self.driver.find_elements(By.CSS_SELECTOR, css)
+        found = self._all(css)
         if not found:
             raise ElementMissing(f"no element matches {css!r}")
         return found[0]
@@ -262,6 +256,13 @@ class Browser:
         Raises LabError after ``timeout`` seconds (default: ``self.timeout``) with
         ``message``, the last value or error, and the page's connection state.
         """
+        from selenium.common.exceptions import (
+            NoSuchElementException,
+            StaleElementReferenceException,
+        )
+
+        # Raised while the page is still changing under a condition: tried again.
+        retry = (ElementMissing, NoSuchElementException, StaleElementReferenceException)
         deadline = time.monotonic() + (self.timeout if timeout is None else timeout)
         if isinstance(what, str):
             css = what
@@ -282,7 +283,7 @@ class Browser:
                 last = cond(self)
                 if last:
                     return last  # type: ignore[no-any-return]
-            except _RETRY as exc:
+            except retry as exc:
                 last = exc
             if time.monotonic() >= deadline:
                 state = self._page_state()
@@ -303,7 +304,7 @@ class Browser:
 
     def count(self, css: str) -> int:
         """How many elements match ``css``."""
-        return self._call(lambda: len(self.driver.find_elements(By.CSS_SELECTOR, css)))
+        return self._call(lambda: len(self._all(css)))
 
     def text(self, css: str) -> str:
         """The rendered text of the first match (empty if it is hidden)."""
@@ -311,7 +312,7 @@ class Browser:
 
     def texts(self, css: str) -> list[str]:
         """The rendered text of every match, in document order."""
-        return self._call(lambda: [e.text for e in self.driver.find_elements(By.CSS_SELECTOR, css)])
+        return self._call(lambda: [e.text for e in self._all(css)])
 
     def attr(self, css: str, name: str) -> str | None:
         """Attribute ``name`` of the first match as written in the DOM (None: absent)."""

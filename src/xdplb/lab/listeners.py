@@ -9,12 +9,12 @@ from __future__ import annotations
 import contextlib
 import socket
 import threading
-from types import TracebackType
 
+from xdplb.core.closing import Closing
 from xdplb.lab.topology import Lab
 
 
-class BackendListeners:
+class BackendListeners(Closing):
     """``handle(name, conn, peer)`` runs for every connection a backend accepts, in
     that backend's thread; :meth:`close` (or leaving the ``with``) stops them all."""
 
@@ -55,14 +55,3 @@ class BackendListeners:
             t.join(5)
         for s in self.socks:
             s.close()
-
-    def __enter__(self) -> BackendListeners:
-        return self
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self.close()

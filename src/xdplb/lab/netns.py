@@ -117,3 +117,11 @@ def list_namespaces() -> list[str]:
         return sorted(p.name for p in NETNS_RUN_DIR.iterdir())
     except FileNotFoundError:
         return []
+
+
+def delete(ns: str) -> None:
+    """``ip netns del``; LabError when it fails and the namespace is still there."""
+    # Deleting the namespace destroys its veths, whose bridge-side peers go with them.
+    done = subprocess.run(["ip", "netns", "del", ns], capture_output=True, text=True, check=False)
+    if done.returncode != 0 and ns_path(ns).exists():
+        raise LabError(f"ip netns del {ns}: {done.stderr.strip()}")

@@ -21,6 +21,7 @@ import threading
 import time
 from collections.abc import Callable
 
+from xdplb.core.closing import Closing
 from xdplb.lab.traffic import EchoStream, ExchangeError
 
 
@@ -67,7 +68,7 @@ class BrokenStream:
     index: int
 
 
-class PacedStreams:
+class PacedStreams(Closing):
     """``n`` echo connections from namespace ``ns`` to ``addr``:``port``, each
     exchanging ``size`` bytes every ``period`` seconds, staggered over the period.
 
@@ -235,9 +236,6 @@ class PacedStreams:
 
     def __enter__(self) -> PacedStreams:
         return self.start()
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
 
 
 def one_shot(ns: str, addr: str, port: int = 7, size: int = 1024, timeout: float = 5.0) -> str:

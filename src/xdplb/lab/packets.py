@@ -2,7 +2,8 @@
 
 Used by tests and the demo to craft what lb_xdp would send, so that host_tc can be
 exercised on its own. Built with scapy for the IP/UDP layers and by hand for GUE,
-whose glb-director variant scapy does not know.
+whose glb-director variant scapy does not know. scapy is a test dependency (the dev
+extra), imported where a packet is built: importing this module does not need it.
 """
 
 from __future__ import annotations
@@ -10,20 +11,21 @@ from __future__ import annotations
 import ipaddress
 import struct
 from collections.abc import Sequence
-
-from scapy.layers.inet import IP, UDP
-from scapy.layers.inet6 import IPv6
-from scapy.layers.l2 import Ether
-from scapy.packet import Packet
+from typing import TYPE_CHECKING
 
 from xdplb.core.abi import GUE_PORT
 from xdplb.core.addresses import IPAddress
+
+if TYPE_CHECKING:
+    from scapy.packet import Packet
 
 IPPROTO_IPIP = 4
 IPPROTO_IPV6 = 41
 
 
 def _inner_proto(inner: Packet) -> int:
+    from scapy.layers.inet import IP
+
     return IPPROTO_IPIP if isinstance(inner, IP) else IPPROTO_IPV6
 
 
@@ -42,6 +44,9 @@ def gue_header(inner_proto: int, hops: Sequence[IPAddress], next_hop: int = 0) -
 
 
 def _outer_ip(src: IPAddress, dst: IPAddress, proto: int) -> Packet:
+    from scapy.layers.inet import IP
+    from scapy.layers.inet6 import IPv6
+
     if ipaddress.ip_address(dst).version == 4:
         return IP(src=str(src), dst=str(dst), proto=proto, flags="DF", ttl=64)
     return IPv6(src=str(src), dst=str(dst), nh=proto, hlim=64)
@@ -62,6 +67,8 @@ def gue_encap(
     ``hops`` defaults to ``[outer_dst]``; ``next_hop`` is the index of the hop the packet
     is going to (0 from the balancer, 1 after a host forwarded it, ...).
     """
+    from scapy.layers.inet import UDP
+
     hop_list = list(hops) if hops is not None else [outer_dst]
     gue = gue_header(_inner_proto(inner), hop_list, next_hop)
     return (
@@ -78,5 +85,8 @@ def ipip_encap(inner: Packet, outer_src: IPAddress, outer_dst: IPAddress) -> Pac
 
 def ether(pkt: Packet, src: str = "02:00:00:00:00:01", dst: str = "02:00:00:00:00:02") -> bytes:
     """``pkt`` behind an Ethernet header, as bytes (EtherType from the IP version)."""
+    from scapy.layers.inet import IP
+    from scapy.layers.l2 import Ether
+
     etype = 0x0800 if isinstance(pkt, IP) else 0x86DD
     return bytes(Ether(src=src, dst=dst, type=etype) / pkt)

@@ -15,7 +15,8 @@ import pytest
 
 from xdplb.core import paths
 from xdplb.lab.host import attach_host
-from xdplb.lab.topology import Lab, cleanup_stale
+from xdplb.lab.registry import cleanup_stale
+from xdplb.lab.topology import Lab
 
 
 def _require_lab() -> None:

@@ -48,7 +48,8 @@ from xdplb.datapath.maps import Map
 from xdplb.lab.host import attach_host
 from xdplb.lab.lbnode import LbNode
 from xdplb.lab.paced import BrokenStream, PacedStreams
-from xdplb.lab.topology import Lab, cleanup_stale
+from xdplb.lab.registry import cleanup_stale
+from xdplb.lab.topology import Lab
 from xdplb.lab.traffic import ExchangeError, http_post, udp_exchange
 
 VIP4 = "198.18.100.1"

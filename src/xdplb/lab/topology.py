@@ -16,28 +16,25 @@ through the balancer can be shown (:meth:`Lab.__init__`). Only 198.18.0.0/15 (RF
 2544 benchmarking) and fd78:6470:6c62::/48 (ULA) are ever configured: a typo cannot
 touch a real network.
 
-Every instance has its own prefix (``xl<pid><letter>``) on namespace names and bpffs
-pin directories, so parallel and leftover runs never collide. Teardown removes every
-namespace, process and pin the instance made, also on error (context manager) and
-at interpreter exit (atexit); :func:`cleanup_stale` removes what dead processes left.
+Every instance has its own prefix (``xl<pid><letter>``, from :mod:`~xdplb.lab.registry`)
+on namespace names and bpffs pin directories, so parallel and leftover runs never
+collide. Teardown removes every namespace, process and pin the instance made, also on
+error (context manager) and at interpreter exit (the registry's atexit);
+:func:`~xdplb.lab.registry.cleanup_stale` removes what dead processes left.
 """
 
 from __future__ import annotations
 
-import atexit
 import contextlib
 import dataclasses
 import ipaddress
 import json
-import os
-import re
 import select
 import shutil
 import signal
 import socket
 import subprocess
 import sys
-import threading
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -47,7 +44,7 @@ from typing import TYPE_CHECKING, Any
 from xdplb.core import paths
 from xdplb.core.addresses import IPAddress
 from xdplb.core.errors import LabError
-from xdplb.lab import netns
+from xdplb.lab import netns, registry
 
 if TYPE_CHECKING:
     from xdplb.lab.host import HostAttachment
@@ -77,10 +74,6 @@ _HOST_NUMBERS = {"client": 1, "lb": 2, "rt": 3}
 IPV6_MIN_MTU = 1280
 _FIRST_BACKEND = 11
 
-#: Namespace/pin names of every lab instance: xl<pid><letter>-<node>.
-_PREFIX_RE = re.compile(r"^(xl(\d+)[a-z])-")
-_REGISTRY_DIR = Path("/run/xdplb/lab")
-
 SWITCH = "sw"
 BRIDGE = "br0"
 IFNAME = "eth0"
@@ -107,103 +100,11 @@ class Node:
     v6: ipaddress.IPv6Address
 
 
-def _proc_start_time(pid: int) -> int | None:
-    """Start time of ``pid`` in clock ticks since boot (tells a reused pid apart)."""
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except (FileNotFoundError, ProcessLookupError):
-        return None
-    # Field 22; the command name (field 2) may contain spaces, so split after it.
-    return int(stat.rsplit(")", 1)[1].split()[19])
-
-
-def _owner_alive(prefix: str, pid: int) -> bool:
-    started = _proc_start_time(pid)
-    if started is None:
-        return False
-    try:
-        reg = json.loads((_REGISTRY_DIR / f"{prefix}.json").read_text())
-    except (FileNotFoundError, json.JSONDecodeError):
-        return True  # no record to compare with: assume the pid is the owner
-    return bool(reg.get("start_time") == started)
-
-
 def _ip(*args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
     done = subprocess.run(["ip", *args], capture_output=True, text=True, check=False)
     if check and done.returncode != 0:
         raise LabError(f"ip {' '.join(args)}: {done.stderr.strip()}")
     return done
-
-
-def _delete_netns(ns: str) -> None:
-    # Deleting the namespace destroys its veths, whose bridge-side peers go with them.
-    done = _ip("netns", "del", ns, check=False)
-    if done.returncode != 0 and netns.ns_path(ns).exists():
-        raise LabError(f"ip netns del {ns}: {done.stderr.strip()}")
-
-
-def cleanup_stale() -> list[str]:
-    """Remove the namespaces, pins and records of lab instances whose process is gone.
-
-    Returns what was removed. Instances of live processes are left alone.
-    """
-    removed: list[str] = []
-    dead: dict[str, bool] = {}
-
-    def is_dead(name: str) -> str | None:
-        m = _PREFIX_RE.match(name)
-        if m is None:
-            return None
-        prefix = m.group(1)
-        if prefix not in dead:
-            dead[prefix] = not _owner_alive(prefix, int(m.group(2)))
-        return prefix if dead[prefix] else None
-
-    for ns in netns.list_namespaces():
-        if is_dead(ns):
-            _delete_netns(ns)
-            removed.append(str(netns.ns_path(ns)))
-    if paths.BPFFS_ROOT.is_dir():
-        for pin in paths.BPFFS_ROOT.iterdir():
-            if is_dead(pin.name):
-                shutil.rmtree(pin, ignore_errors=True)
-                removed.append(str(pin))
-    if _REGISTRY_DIR.is_dir():
-        for rec in _REGISTRY_DIR.glob("xl*.json"):
-            if is_dead(rec.stem + "-"):
-                rec.unlink(missing_ok=True)
-                removed.append(str(rec))
-    return removed
-
-
-_live_labs: set[Lab] = set()
-_live_lock = threading.Lock()
-_seq = 0
-
-
-@atexit.register
-def _teardown_all() -> None:
-    with _live_lock:
-        labs = list(_live_labs)
-    for lab in labs:
-        with contextlib.suppress(Exception):
-            lab.teardown()
-
-
-def _new_prefix() -> str:
-    """``xl<pid><letter>``, not in use by any namespace or pin."""
-    global _seq
-    existing = set(netns.list_namespaces())
-    if paths.BPFFS_ROOT.is_dir():
-        existing.update(p.name for p in paths.BPFFS_ROOT.iterdir())
-    taken = {m.group(1) for name in existing if (m := _PREFIX_RE.match(name))}
-    with _live_lock:
-        for _ in range(26):
-            prefix = f"xl{os.getpid()}{chr(ord('a') + _seq % 26)}"
-            _seq += 1
-            if prefix not in taken:
-                return prefix
-    raise LabError("no free lab prefix: 26 labs of this process are alive")
 
 
 class Lab:
@@ -242,7 +143,7 @@ class Lab:
             self.vips.append(addr)
         self.peer_xdp = peer_xdp
         self.colocated = colocated
-        self.prefix = _new_prefix()
+        self.prefix = registry.new_prefix()
         names = ["client", "lb"] + (["rt"] if reply_mtu else [])
         names += [f"b{i}" for i in range(1, backends + 1)]
         self.nodes: dict[str, Node] = {}
@@ -367,9 +268,7 @@ class Lab:
         if self._built:
             raise LabError("lab already built")
         self._built = True
-        with _live_lock:
-            _live_labs.add(self)
-        self._register()
+        registry.register(self)
         sw = self.ns(SWITCH)
         for ns in [sw] + [n.ns for n in self.nodes.values()]:
             _ip("netns", "add", ns)
@@ -583,12 +482,7 @@ class Lab:
                 link = attach_xdp(obj.program("xdp_pass"), ifindex, XdpMode.NATIVE)
                 self.on_teardown(link.close)
 
-    # -- registry and teardown ------------------------------------------------------------
-
-    def _register(self) -> None:
-        _REGISTRY_DIR.mkdir(parents=True, exist_ok=True)
-        rec = {"pid": os.getpid(), "start_time": _proc_start_time(os.getpid())}
-        (_REGISTRY_DIR / f"{self.prefix}.json").write_text(json.dumps(rec))
+    # -- teardown ------------------------------------------------------------------------
 
     def teardown(self) -> None:
         """Kill started processes, run teardown hooks, delete namespaces and pins.
@@ -611,7 +505,7 @@ class Lab:
                 errors.append(f"teardown hook {fn!r}: {exc}")
         for ns in reversed(self._created_ns):
             try:
-                _delete_netns(ns)
+                netns.delete(ns)
             except LabError as exc:
                 errors.append(str(exc))
         pins = set(self._pin_roots)
@@ -623,9 +517,7 @@ class Lab:
                     shutil.rmtree(pin)
             except OSError as exc:
                 errors.append(f"rm -r {pin}: {exc}")
-        (_REGISTRY_DIR / f"{self.prefix}.json").unlink(missing_ok=True)
-        with _live_lock:
-            _live_labs.discard(self)
+        registry.unregister(self)
         if errors:
             raise LabError("lab teardown incomplete: " + "; ".join(errors))
 

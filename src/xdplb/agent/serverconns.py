@@ -36,9 +36,9 @@ import struct
 from collections import Counter
 from collections.abc import Iterable
 from dataclasses import dataclass
-from types import TracebackType
 
-from xdplb.core.addresses import IPAddress
+from xdplb.core.addresses import IPAddress, unmap
+from xdplb.core.closing import Closing
 from xdplb.core.reports import ConnKey
 
 #: TCP states as sock_diag numbers them (include/net/tcp_states.h).
@@ -69,13 +69,6 @@ _MSG_LEN = 72
 #: struct nlattr {u16 len; u16 type}
 _NLA = struct.Struct("=HH")
 _RECV_BUF = 1 << 18
-
-
-def unmap(addr: IPAddress) -> IPAddress:
-    """``::ffff:a.b.c.d`` as ``a.b.c.d``; any other address as it is."""
-    if isinstance(addr, ipaddress.IPv6Address) and addr.ipv4_mapped is not None:
-        return addr.ipv4_mapped
-    return addr
 
 
 @dataclass(frozen=True, slots=True)
@@ -161,7 +154,7 @@ def parse_dump(data: bytes, seq: int) -> tuple[list[TcpSocket], bool]:
     return out, False
 
 
-class ConnectionCounter:
+class ConnectionCounter(Closing):
     """A sock_diag socket of the namespace it was made in; :meth:`count` dumps and counts."""
 
     def __init__(self) -> None:
@@ -197,14 +190,3 @@ class ConnectionCounter:
 
     def close(self) -> None:
         self._sock.close()
-
-    def __enter__(self) -> ConnectionCounter:
-        return self
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self.close()
