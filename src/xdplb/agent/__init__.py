@@ -15,6 +15,7 @@ them as load reports.
 - :mod:`~xdplb.agent.run`: the agent's loop and its end-of-interval measurements;
 - ``python -m xdplb.agent``: the command line (:mod:`xdplb.agent.__main__`).
 
-May import: core, datapath (only where host_tc's pins are read, lazily: libbpf is needed
-only on hosts that run host_tc).
+May import: core, datapath.
+The datapath only lazily, where host_tc's pins are read: libbpf is needed only on hosts
+that run host_tc.
 """

@@ -7,6 +7,13 @@
 - packets: GUE / IPIP packets as lb_xdp builds them
 - pytest_plugin: the ``lab`` fixture
 - browser: :class:`~xdplb.lab.browser.Browser`, headless Chromium in a namespace (status page tests)
+- lbnode, agents, apps, traffic, paced, listeners, flood: the daemon, agents, servers and
+  clients of a lab run; demo (``make demo``) and soak (``make soak``) are runs of their own
+
+The top of the tree: what it needs of test-only libraries (scapy, selenium) it imports
+inside the functions that use them, so the runtime package never needs them.
+
+May import: core, tables, model, datapath, config, health, agent, control, daemon, cli.
 """
 
 from xdplb.lab.registry import cleanup_stale
