@@ -37,6 +37,7 @@ from xdplb.datapath.lb import TABLE_MAPS
 from xdplb.datapath.testrun import TestRunResult
 from xdplb.model import frames
 from xdplb.model.parse import ETH_P_IP, ETH_P_IPV6
+from xdplb.tables import maglev
 
 pytestmark = pytest.mark.bpf
 
@@ -194,12 +195,7 @@ def mlb(lb_obj: BpfObject, lb_netns: Any) -> Iterator[ModelLb]:
 
 
 def maglev_ids(ids: list[int], size: int, weights: list[int] | None = None) -> np.ndarray:
-    """A Maglev table of backend ids (xdplb.tables.maglev if built, else a seeded random table)."""
-    try:
-        from xdplb.tables import maglev
-    except ImportError:  # pragma: no cover - the C helper is not built
-        rng = np.random.default_rng(size)
-        return rng.choice(np.array(ids, dtype=np.uint32), size)
+    """A Maglev table of backend ids (xdplb.tables.maglev: a missing build fails the import)."""
     names = {f"be{i}": w for i, w in zip(ids, weights or [1] * len(ids), strict=True)}
     return maglev.build(names, size).map_ids({f"be{i}": i for i in ids})
 
