@@ -65,7 +65,7 @@ from xdplb import model
 from xdplb.core import abi, hashing, paths
 from xdplb.core.acl import AclKey
 from xdplb.core.errors import BpfError
-from xdplb.core.state import vip_addr_infos
+from xdplb.core.state import ConnEntry, vip_addr_infos
 from xdplb.datapath import BPF_F_LOCK, BpfObject
 from xdplb.datapath.conns import SET_DTYPE, ConnTable
 from xdplb.datapath.testrun import TestRunResult
@@ -211,7 +211,7 @@ def host_round_trip(
     inner = frame[fs.l3_offset(frame) :]
     v4 = inner[0] >> 4 == 4
     l4, proto = ((inner[0] & 0xF) * 4, inner[9]) if v4 else (40, inner[6])
-    tcp = proto == model.IPPROTO_TCP and len(inner) >= l4 + 20
+    tcp = proto == abi.IPPROTO_TCP and len(inner) >= l4 + 20
     if len(d.hops) > 1 and tcp and inner[l4 + 13] & 0x12 != 0x02:
         return None  # a TCP segment, not a SYN, and later hops: host_tc asks its sockets
     h = host.program("host_tc").test_run(r.data)
@@ -289,7 +289,7 @@ class Checker:
         self.host = host
         self.host_every = host_every
         self.state_id = state_id
-        self.conns: dict[bytes, model.ConnEntry] = {}
+        self.conns: dict[bytes, ConnEntry] = {}
         self.state = replace(STATES[state_id](), conns=self.conns)
         mlb.load_state(self.state)
         self.seed = self.state.config.seed
@@ -330,7 +330,7 @@ class Checker:
     def _set_of(self, key: bytes) -> int:
         return hashing.flow_hash(key, self.seed) & self.mask
 
-    def _table(self) -> dict[bytes, model.ConnEntry]:
+    def _table(self) -> dict[bytes, ConnEntry]:
         """The program's entries in the touched sets (reading all 2^16 sets takes 0.4 s)."""
         m = self.mlb.obj.map("lb_conns")
         out = {}
@@ -340,7 +340,7 @@ class Checker:
             rec = np.frombuffer(raw, dtype=SET_DTYPE)[0]
             for w in np.flatnonzero(rec["backend_id"]):
                 key = bytes(rec["slot"][w])[: hashing.FLOW_KEY_SIZE]
-                out[key] = model.ConnEntry(int(rec["backend_id"][w]), int(rec["hash"][w]))
+                out[key] = ConnEntry(int(rec["backend_id"][w]), int(rec["hash"][w]))
         return out
 
     def _clear_touched(self) -> None:
@@ -408,7 +408,7 @@ class Checker:
             frame.hex(), detail, d.describe(), r.retval, r.data.hex(), conns, self.state_id
         )
 
-    def _relevant_conns(self, frame: bytes) -> dict[bytes, model.ConnEntry]:
+    def _relevant_conns(self, frame: bytes) -> dict[bytes, ConnEntry]:
         """The entries a frame may read: those whose key's addresses both occur in it."""
         out = {}
         for key, entry in self.conns.items():
@@ -464,7 +464,7 @@ class Checker:
             if d.conn_insert is not None:
                 self.conns[d.conn_insert[0]] = d.conn_insert[1]
 
-    def _report_table_difference(self, table: dict[bytes, model.ConnEntry]) -> None:
+    def _report_table_difference(self, table: dict[bytes, ConnEntry]) -> None:
         keys = set(table) ^ set(self.conns)
         keys |= {k for k in table if k in self.conns and table[k] != self.conns[k]}
         for key in sorted(keys)[:4]:
@@ -684,7 +684,7 @@ def replay(mlb: ModelLb, case: Problem, host: BpfObject | None = None) -> str | 
     for key_hex, backend, hash_ in case.conns:
         key = bytes.fromhex(key_hex)
         table.put(key, backend, hash_, checker.seed)
-        checker.conns[key] = model.ConnEntry(backend, hash_)
+        checker.conns[key] = ConnEntry(backend, hash_)
         checker._touched.add(checker._set_of(key))
     frame = bytes.fromhex(case.frame)
     checker.run(frame)

@@ -28,6 +28,9 @@ from hypothesis import strategies as st
 from xdplb import model
 from xdplb.core import abi
 from xdplb.core.addresses import IPAddress
+from xdplb.model import frames
+from xdplb.model.checksum import ipv4_checksum
+from xdplb.model.parse import ETH_P_IP, ETH_P_IPV6
 
 TCP, UDP, ICMP, ICMP6 = 6, 17, 1, 58
 IPIP, IPV6 = 4, 41
@@ -168,7 +171,7 @@ def udp(sport: int, dport: int, payload: bytes) -> bytes:
 
 def _csum(data: bytes) -> int:
     data = data + bytes(len(data) % 2)
-    return model.ipv4_checksum(data)
+    return ipv4_checksum(data)
 
 
 @st.composite
@@ -222,7 +225,7 @@ def ipv4(
         dst.packed,
     )
     hdr += opts
-    csum = model.ipv4_checksum(hdr)
+    csum = ipv4_checksum(hdr)
     if draw(st.integers(0, 9)) == 0:
         csum ^= 0x5A5A  # a bad checksum: lb_xdp does not check it, and must not care
     return hdr[:10] + csum.to_bytes(2, "big") + hdr[12:] + payload
@@ -426,15 +429,13 @@ _TAGS += [b"\x88\xa8\x81\x00", b"\x81\x00\x81\x00", b"\x91\x00"]
 def ethernet(draw: st.DrawFn, packet: bytes) -> bytes:
     """Ethernet, untagged or with tags (each tag a TPID from the list and a VLAN id)."""
     version = packet[0] >> 4 if packet else 4
-    right = model.ETH_P_IP if version == 4 else model.ETH_P_IPV6
-    ethertype = draw(
-        st.sampled_from([right] * 28 + [model.ETH_P_IP, model.ETH_P_IPV6, 0x0806, 0x8847])
-    )
+    right = ETH_P_IP if version == 4 else ETH_P_IPV6
+    ethertype = draw(st.sampled_from([right] * 28 + [ETH_P_IP, ETH_P_IPV6, 0x0806, 0x8847]))
     tags: bytes = draw(st.sampled_from(_TAGS))
     vid = draw(st.integers(0, 0xFFFF)).to_bytes(2, "big")
     tagged = b"".join(tags[i : i + 2] + vid for i in range(0, len(tags), 2))
     pad = draw(st.sampled_from([b"", b"", b"", b"\x00" * 6, b"\xee" * 17]))
-    return model.MAC_DST + model.MAC_SRC + tagged + ethertype.to_bytes(2, "big") + packet + pad
+    return frames.MAC_DST + frames.MAC_SRC + tagged + ethertype.to_bytes(2, "big") + packet + pad
 
 
 @dataclass(frozen=True)

@@ -18,11 +18,10 @@ import lb_fixtures as fx
 import numpy as np
 
 from xdplb.core import abi
-from xdplb.core.state import Vip, vip_addr_infos
+from xdplb.core.state import ConnEntry, LookupTable, Vip, vip_addr_infos
 from xdplb.datapath import BPF_F_INNER_MAP, BpfObject, Map, MapType, TestRunResult
 from xdplb.datapath.conns import ConnTable
 from xdplb.datapath.lb import TABLE_MAPS
-from xdplb.model import ConnEntry, LookupTable
 
 #: A table as the harness installed it: first hops, later hops, kind.
 _TableDef = tuple[tuple[int, ...], tuple[tuple[int, ...], ...], abi.TableKind]

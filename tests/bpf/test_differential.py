@@ -9,7 +9,7 @@ addresses of the backend's neighbour.  Then the same flows again (connection
 table hits), then again with a backend deactivated (stale entries), and the
 counters and the connection table must match what the model says moved.
 
-Packets are built with bytes concatenation (xdplb.model.frame), not scapy: the
+Packets are built with bytes concatenation (xdplb.model.frames), not scapy: the
 bulk of the time is then the ~7 µs test_run call itself.
 """
 
@@ -30,10 +30,14 @@ import pytest
 from xdplb import model
 from xdplb.core import abi
 from xdplb.core.acl import rule_value
+from xdplb.core.state import BackendState, ConnEntry, LbConfig, LookupTable, Vip, VipParams
 from xdplb.datapath import BPF_F_INNER_MAP, BpfObject, Map, MapType
 from xdplb.datapath.conns import ConnTable
 from xdplb.datapath.lb import TABLE_MAPS
 from xdplb.datapath.testrun import TestRunResult
+from xdplb.model import frames
+from xdplb.model.parse import ETH_P_IP, ETH_P_IPV6
+from xdplb.tables import maglev
 
 pytestmark = pytest.mark.bpf
 
@@ -133,7 +137,7 @@ class ModelLb:
         for key, entry in state.conns.items():
             conns.put(key, entry.backend_id, entry.hash, state.config.seed)
 
-    def set_table(self, vip_id: int, table: model.LookupTable, kind: abi.TableKind) -> None:
+    def set_table(self, vip_id: int, table: LookupTable, kind: abi.TableKind) -> None:
         """A new inner map, filled, then swapped into lb_tables (Maglev) or lb_btables
         (Beamer) in one update."""
         beamer = kind is abi.TableKind.BEAMER
@@ -168,9 +172,9 @@ class ModelLb:
             total += np.frombuffer(v, dtype="<u8").astype(np.int64)
         return (int(total[0]), int(total[1]), int(total[2]))
 
-    def conns(self) -> dict[bytes, model.ConnEntry]:
+    def conns(self) -> dict[bytes, ConnEntry]:
         return {
-            key: model.ConnEntry(be, h)
+            key: ConnEntry(be, h)
             for key, (be, h) in ConnTable(self.obj.map("lb_conns")).entries().items()
         }
 
@@ -191,12 +195,7 @@ def mlb(lb_obj: BpfObject, lb_netns: Any) -> Iterator[ModelLb]:
 
 
 def maglev_ids(ids: list[int], size: int, weights: list[int] | None = None) -> np.ndarray:
-    """A Maglev table of backend ids (xdplb.tables.maglev if built, else a seeded random table)."""
-    try:
-        from xdplb.tables import maglev
-    except ImportError:  # pragma: no cover - the C helper is not built
-        rng = np.random.default_rng(size)
-        return rng.choice(np.array(ids, dtype=np.uint32), size)
+    """A Maglev table of backend ids (xdplb.tables.maglev: a missing build fails the import)."""
     names = {f"be{i}": w for i, w in zip(ids, weights or [1] * len(ids), strict=True)}
     return maglev.build(names, size).map_ids({f"be{i}": i for i in ids})
 
@@ -211,38 +210,35 @@ VIP6_SRC = V6("fd78:6470:6c62:1::2")
 
 def make_state() -> model.DataplaneState:
     rng = np.random.default_rng(SEED)
-    m = model
     vips = {
-        m.Vip(VIP4, 80, TCP): m.VipParams(1),
-        m.Vip(VIP4, 0, UDP): m.VipParams(2, table_size=251),  # wildcard, small table
-        m.Vip(VIP4, 443, UDP): m.VipParams(3, table_size=65537),  # exact beats wildcard
-        m.Vip(VIP6, 443, TCP): m.VipParams(4),
-        m.Vip(VIP6, 0, UDP): m.VipParams(5, table_size=1009),
-        m.Vip(VIP4_SRC, 8080, TCP): m.VipParams(6, flags=abi.VIP_F_SRC_HASH),
-        m.Vip(VIP6_SRC, 53, UDP): m.VipParams(7, flags=abi.VIP_F_SRC_HASH, table_size=1009),
-        m.Vip(VIP4_IPIP, 0, TCP): m.VipParams(8, table_size=251, encap=abi.Encap.IPIP),
-        m.Vip(VIP4_BEAMER, 80, TCP): m.VipParams(
-            9, table_size=1009, table_kind=abi.TableKind.BEAMER
-        ),
+        Vip(VIP4, 80, TCP): VipParams(1),
+        Vip(VIP4, 0, UDP): VipParams(2, table_size=251),  # wildcard, small table
+        Vip(VIP4, 443, UDP): VipParams(3, table_size=65537),  # exact beats wildcard
+        Vip(VIP6, 443, TCP): VipParams(4),
+        Vip(VIP6, 0, UDP): VipParams(5, table_size=1009),
+        Vip(VIP4_SRC, 8080, TCP): VipParams(6, flags=abi.VIP_F_SRC_HASH),
+        Vip(VIP6_SRC, 53, UDP): VipParams(7, flags=abi.VIP_F_SRC_HASH, table_size=1009),
+        Vip(VIP4_IPIP, 0, TCP): VipParams(8, table_size=251, encap=abi.Encap.IPIP),
+        Vip(VIP4_BEAMER, 80, TCP): VipParams(9, table_size=1009, table_kind=abi.TableKind.BEAMER),
     }
     # Later hops, three per bucket: none, usable, other family (left out), inactive (left
     # out), in any order and with gaps, so every hop count 1-4 occurs.
     rest = rng.choice(np.array([0, 1, 2, 3, 4, 7, 8], dtype=np.uint32), (1009, abi.MAX_HOPS - 1))
     tables = {
-        1: m.LookupTable(maglev_ids([1, 2, 3], 65537, [1, 2, 3])),
-        2: m.LookupTable(maglev_ids([1, 2, 3], 251)),
-        3: m.LookupTable(maglev_ids([1, 2], 65537)),
-        4: m.LookupTable(maglev_ids([4, 5, 6], 65537)),
+        1: LookupTable(maglev_ids([1, 2, 3], 65537, [1, 2, 3])),
+        2: LookupTable(maglev_ids([1, 2, 3], 251)),
+        3: LookupTable(maglev_ids([1, 2], 65537)),
+        4: LookupTable(maglev_ids([4, 5, 6], 65537)),
         # Cross-family: IPv6 clients to IPv4 backends and back.
-        5: m.LookupTable(maglev_ids([1, 2, 5, 6], 1009)),
-        6: m.LookupTable(maglev_ids([4, 5, 3], 65537)),
-        7: m.LookupTable(maglev_ids([1, 4], 1009)),
-        8: m.LookupTable(maglev_ids([2, 3, 4], 251)),
-        9: m.LookupTable(maglev_ids([1, 2, 3], 1009), rest),
+        5: LookupTable(maglev_ids([1, 2, 5, 6], 1009)),
+        6: LookupTable(maglev_ids([4, 5, 3], 65537)),
+        7: LookupTable(maglev_ids([1, 4], 1009)),
+        8: LookupTable(maglev_ids([2, 3, 4], 251)),
+        9: LookupTable(maglev_ids([1, 2, 3], 1009), rest),
     }
-    backends = {i: m.BackendState(a, active) for i, (a, active) in BACKENDS.items()}
-    config = m.LbConfig(LB_SRC4, LB_SRC6, gue_port=6080, seed=0x9E3779B9)
-    return m.DataplaneState(vips, backends, tables, config, conns={})
+    backends = {i: BackendState(a, active) for i, (a, active) in BACKENDS.items()}
+    config = LbConfig(LB_SRC4, LB_SRC6, gue_port=6080, seed=0x9E3779B9)
+    return model.DataplaneState(vips, backends, tables, config, conns={})
 
 
 def random_flows(state: model.DataplaneState, n: int, seed: int) -> list[model.Flow]:
@@ -258,7 +254,7 @@ def random_flows(state: model.DataplaneState, n: int, seed: int) -> list[model.F
         else:
             src = V6(int(V6("fd78:6470:6c62:8000::")) + int(rng.integers(1, 1 << 62)))
         dport = vip.port or int(rng.integers(1, 65536))
-        if vip.port == 0 and model.Vip(vip.addr, dport, vip.proto) in state.vips:
+        if vip.port == 0 and Vip(vip.addr, dport, vip.proto) in state.vips:
             continue
         f = model.Flow(src, vip.addr, int(rng.integers(1024, 65536)), dport, vip.proto)
         if f.key() not in seen:
@@ -271,7 +267,7 @@ def frame_of(f: model.Flow, i: int, tcp_flags: int = TCP_SYN) -> bytes:
     """Vary what must not matter: payload, TOS, a VLAN tag, Ethernet padding."""
     payload = bytes((i * 7 + k) & 0xFF for k in range(i % 41))
     vlan = (i % 4000) + 1 if i % 10 == 3 else None
-    fr = model.frame(f, payload, vlan=vlan, tos=(i * 4) & 0xFF, tcp_flags=tcp_flags)
+    fr = frames.frame(f, payload, vlan=vlan, tos=(i * 4) & 0xFF, tcp_flags=tcp_flags)
     if i % 17 == 5:
         fr += b"\x00" * max(0, 60 - len(fr)) + b"\xee" * (i % 3)
     return fr
@@ -314,7 +310,7 @@ def check_forward(mlb: ModelLb, frame: bytes, d: model.Decision, r: TestRunResul
     if r.retval != action:
         return f"model {d.describe()} (FIB: {action.name}), program returned {got}"
     be_addr = BACKENDS[d.backend_id][0]
-    ethertype = model.ETH_P_IP if be_addr.version == 4 else model.ETH_P_IPV6
+    ethertype = ETH_P_IP if be_addr.version == 4 else ETH_P_IPV6
     if action == model.XdpAction.TX:
         eth = NEIGH_MAC[be_addr] + mlb.mac + ethertype.to_bytes(2, "big")
     else:  # no neighbour (or no route): the original MACs stay
@@ -330,7 +326,7 @@ def run_all(
     mlb: ModelLb,
     state: model.DataplaneState,
     flows: list[model.Flow],
-    conns: dict[bytes, model.ConnEntry],
+    conns: dict[bytes, ConnEntry],
     tcp_flags: int = TCP_SYN,
 ) -> tuple[list[model.Decision], list[str], list[int]]:
     """Every flow through both; ``conns`` (the state's table) follows the model's inserts.
@@ -443,7 +439,7 @@ def test_new_flows_match_the_model(
     mlb: ModelLb, scenario: tuple[model.DataplaneState, list[model.Flow]]
 ) -> None:
     state, flows = scenario
-    conns: dict[bytes, model.ConnEntry] = {}
+    conns: dict[bytes, ConnEntry] = {}
     state = replace(state, conns=conns)
     mlb.load_state(state)
     ev0, dr0 = (
@@ -481,7 +477,7 @@ def test_known_flows_hit_the_connection_table(
     mlb: ModelLb, scenario: tuple[model.DataplaneState, list[model.Flow]]
 ) -> None:
     state, flows = scenario
-    conns: dict[bytes, model.ConnEntry] = {}
+    conns: dict[bytes, ConnEntry] = {}
     state = replace(state, conns=conns)
     mlb.load_state(state)
     first, problems, _ = run_all(mlb, state, flows, conns)
@@ -504,7 +500,7 @@ def test_deactivated_backend_makes_entries_stale(
     mlb: ModelLb, scenario: tuple[model.DataplaneState, list[model.Flow]]
 ) -> None:
     state, flows = scenario
-    conns: dict[bytes, model.ConnEntry] = {}
+    conns: dict[bytes, ConnEntry] = {}
     state = replace(state, conns=conns)
     mlb.load_state(state)
     _first, problems, _ = run_all(mlb, state, flows, conns)
@@ -516,7 +512,7 @@ def test_deactivated_backend_makes_entries_stale(
     backends = dict(state.backends)
     backends[2] = replace(backends[2], active=False)
     tables = dict(state.tables)
-    tables[1] = model.LookupTable(maglev_ids([1, 3], 65537, [1, 3]))
+    tables[1] = LookupTable(maglev_ids([1, 3], 65537, [1, 3]))
     state2 = replace(state, backends=backends, tables=tables, conns=conns)
     mlb.obj.map("lb_backends").update(struct.pack("<I", 2), backends[2].abi_value().pack())
     mlb.set_table(1, tables[1], abi.TableKind.MAGLEV)
@@ -547,7 +543,7 @@ def test_mtu_boundary(mlb: ModelLb, vip: abi.IPAddress, dport: int) -> None:
     A client's full-size 1500-byte packet is therefore never forwarded over a
     1500-byte path.
     """
-    conns: dict[bytes, model.ConnEntry] = {}
+    conns: dict[bytes, ConnEntry] = {}
     state = replace(make_state(), conns=conns)
     mlb.load_state(state)
     proto = UDP if vip == VIP6_SRC else TCP
@@ -557,12 +553,12 @@ def test_mtu_boundary(mlb: ModelLb, vip: abi.IPAddress, dport: int) -> None:
     # A new flow per packet, so that every packet has the hop count of a table lookup.
     for sport in range(20000, 20080):
         f = model.Flow(src, vip, sport, dport, proto)
-        small = model.decide(state, model.frame(f))
+        small = model.decide(state, frames.frame(f))
         assert small.packet is not None
         overhead = outer_len(small.packet) - (small.stats_bytes or 0)
-        hdrs = len(model.frame(f)) - 14
+        hdrs = len(frames.frame(f)) - 14
         inner = LAB_MTU - overhead + (sport % 5) - 2
-        fr = model.frame(f, bytes(inner - hdrs))
+        fr = frames.frame(f, bytes(inner - hdrs))
         d = model.decide(state, fr)
         r = mlb.run(fr)
         if d.conn_insert is not None:
@@ -571,7 +567,7 @@ def test_mtu_boundary(mlb: ModelLb, vip: abi.IPAddress, dport: int) -> None:
         problem = check_forward(mlb, fr, d, r)
         if problem:
             problems.append(problem)
-        full = model.decide(state, model.frame(f, bytes(1500 - hdrs)))
+        full = model.decide(state, frames.frame(f, bytes(1500 - hdrs)))
         assert full.outcome is model.Outcome.FORWARD
         assert fib_action(full) == model.XdpAction.DROP
     assert_none(problems)

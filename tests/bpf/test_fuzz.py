@@ -42,6 +42,7 @@ from test_differential import ModelLb, mlb
 from xdplb import model
 from xdplb.core import abi
 from xdplb.datapath import BpfObject
+from xdplb.model import frames
 
 pytestmark = pytest.mark.bpf
 
@@ -86,7 +87,7 @@ def test_replay_catches_a_disagreement(mlb: ModelLb, monkeypatch: pytest.MonkeyP
     state = Checker(mlb, "differential-v1").state
     vip = next(v for v in state.vips if v.port and v.addr.version == 4)
     flow = model.Flow(ipaddress.IPv4Address("198.18.128.9"), vip.addr, 4242, vip.port, vip.proto)
-    frame = model.frame(flow)
+    frame = frames.frame(flow)
     case = Problem(frame.hex(), "", "", 0, "")
     assert replay(mlb, case) is None
     real = model.decide

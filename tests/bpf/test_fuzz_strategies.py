@@ -11,6 +11,7 @@ from hypothesis import HealthCheck, Phase, given, seed, settings
 from test_differential import make_state
 
 from xdplb import model
+from xdplb.model import frames
 
 pytestmark = pytest.mark.unit
 
@@ -22,7 +23,7 @@ def _udp_frame() -> bytes:
     flow = model.Flow(
         ipaddress.IPv4Address("198.18.128.7"), ipaddress.IPv4Address("198.19.1.1"), 5000, 443, 17
     )
-    return model.frame(flow, b"payload!")
+    return frames.frame(flow, b"payload!")
 
 
 def test_expand_is_deterministic_and_complete() -> None:

@@ -6,6 +6,7 @@ fragments, quotes and header chains against the reference model.
 from __future__ import annotations
 
 import dataclasses
+import ipaddress
 import random
 import subprocess
 import time
@@ -35,8 +36,10 @@ from xdplb import model
 from xdplb.core import abi
 from xdplb.core.abi import DropReason, Event
 from xdplb.core.hashing import flow_hash
-from xdplb.core.state import VipAddrInfo, vip_addr_infos
+from xdplb.core.state import ConnEntry, VipAddrInfo, vip_addr_infos
 from xdplb.datapath import BpfObject
+from xdplb.model import frames
+from xdplb.model.parse import IPPROTO_FRAGMENT
 
 pytestmark = pytest.mark.bpf
 
@@ -432,42 +435,40 @@ def random_frames(state: model.DataplaneState, n: int, seed: int) -> Iterator[by
     for _ in range(n):
         vip = rng.choice(vips)
         v6 = vip.addr.version == 6
-        dst = (
-            vip.addr
-            if rng.random() < 0.9
-            else model._ip(vip.addr.version, bytes(4 if not v6 else 16))
-        )
+        dst = vip.addr if rng.random() < 0.9 else ipaddress.ip_address(bytes(4 if not v6 else 16))
         client = (
-            model._ip(6, bytes.fromhex("fd786470") + rng.randbytes(12))
+            ipaddress.ip_address(bytes.fromhex("fd786470") + rng.randbytes(12))
             if v6
-            else model._ip(4, bytes([198, 18, 128 + rng.randrange(64), rng.randrange(256)]))
+            else ipaddress.ip_address(bytes([198, 18, 128 + rng.randrange(64), rng.randrange(256)]))
         )
         port = vip.port or rng.randrange(1, 65536)
         kind = rng.choice(["frag", "icmp", "ext", "echo"])
-        l4 = model.l4_header(vip.proto, rng.randrange(1024, 65536), port, b"d" * 8)
+        l4 = frames.l4_header(vip.proto, rng.randrange(1024, 65536), port, b"d" * 8)
         if kind == "frag":
             body = l4 + b"d" * 8 if rng.random() < 0.5 else rng.randbytes(rng.randrange(0, 40))
             if v6:
                 off = rng.choice([0, 1, rng.randrange(8192)]) << 3 | rng.randrange(2)
                 hdr = bytes([vip.proto, 0]) + off.to_bytes(2, "big") + rng.randbytes(4)
-                ip = model.ip_packet(client, dst, model.IPPROTO_FRAGMENT, hdr + body)
+                ip = frames.ip_packet(client, dst, IPPROTO_FRAGMENT, hdr + body)
             else:
                 frag = rng.choice([0x2000, rng.randrange(1, 0x2000), 0x4000])
-                ip = model.ip_packet(client, dst, vip.proto, body, frag=frag)
+                ip = frames.ip_packet(client, dst, vip.proto, body, frag=frag)
         elif kind == "icmp":
-            reply = model.ip_packet(dst, client, vip.proto, model.l4_header(vip.proto, port, 40000))
+            reply = frames.ip_packet(
+                dst, client, vip.proto, frames.l4_header(vip.proto, port, 40000)
+            )
             if rng.random() < 0.2:
                 reply = rng.randbytes(40)
             quote = reply[: rng.choice([len(reply), 24, 28, 44, 48, rng.randrange(60)])]
             types = [3, 11, 5, 0] if not v6 else [1, 2, 3, 4, 129]
             icmp = bytes([rng.choice(types), rng.randrange(5)]) + rng.randbytes(6) + quote
-            ip = model.ip_packet(client, dst, 1 if not v6 else 58, icmp)
+            ip = frames.ip_packet(client, dst, 1 if not v6 else 58, icmp)
         elif kind == "echo":
             icmp = bytes([8 if not v6 else 128, 0]) + rng.randbytes(6 + rng.randrange(30))
-            ip = model.ip_packet(client, dst, 1 if not v6 else 58, icmp)
+            ip = frames.ip_packet(client, dst, 1 if not v6 else 58, icmp)
         else:
             if not v6:
-                ip = model.ip_packet(client, dst, vip.proto, l4)
+                ip = frames.ip_packet(client, dst, vip.proto, l4)
             else:
                 chain, nxt = b"", vip.proto
                 for _ in range(rng.randrange(0, 6)):
@@ -482,11 +483,11 @@ def random_frames(state: model.DataplaneState, n: int, seed: int) -> Iterator[by
                         ln = rng.randrange(0, 3)
                         h = bytes([nxt, ln]) + bytes(6 + 8 * ln)
                     chain, nxt = h + chain, ht
-                ip = model.ip_packet(client, dst, nxt, chain + l4)
+                ip = frames.ip_packet(client, dst, nxt, chain + l4)
                 if rng.random() < 0.2:
                     cut = rng.randrange(40, len(ip) + 1)
                     ip = ip[:4] + (cut - 40).to_bytes(2, "big") + ip[6:cut]
-        yield model.ethernet(ip, dst.version)
+        yield frames.ethernet(ip, dst.version)
 
 
 def test_random_fragments_quotes_and_chains_match_the_model(mlb: ModelLb) -> None:
@@ -496,7 +497,7 @@ def test_random_fragments_quotes_and_chains_match_the_model(mlb: ModelLb) -> Non
         infos[addr] = VipAddrInfo(
             infos[addr].nvips, infos[addr].frag_tcp, infos[addr].frag_udp, True
         )
-    conns: dict[bytes, model.ConnEntry] = {}
+    conns: dict[bytes, ConnEntry] = {}
     state = model.DataplaneState(
         state.vips, state.backends, state.tables, state.config, conns, infos
     )

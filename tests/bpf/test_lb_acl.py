@@ -23,7 +23,9 @@ from lb_harness import Lb
 from xdplb import model
 from xdplb.core import abi
 from xdplb.core.acl import AclKey, rate_key, rule_value
+from xdplb.core.state import ConnEntry
 from xdplb.datapath.lb import MAP_NAMES, LbMaps
+from xdplb.model import frames
 
 pytestmark = pytest.mark.bpf
 
@@ -387,7 +389,7 @@ def test_against_the_model(acl_lb: Lb, one_cpu: None, seed: int) -> None:
 
     maps = LbMaps({n: lb.obj.map(n) for n in MAP_NAMES})
     state = model.state_from_snapshot(maps.snapshot())
-    conns: dict[bytes, model.ConnEntry] = {}
+    conns: dict[bytes, ConnEntry] = {}
     spent: dict[object, int] = {}
     seen: collections.Counter[str] = collections.Counter()
     t0 = time.monotonic()
@@ -408,7 +410,7 @@ def test_against_the_model(acl_lb: Lb, one_cpu: None, seed: int) -> None:
             src, vip.addr, rng.choice((50000 + i, 50000)), vip.port or 8080, vip.proto
         )
         tcp_flags = rng.choice((0x02, 0x10)) if vip.proto == abi.IPPROTO_TCP else 0
-        frm = model.frame(flow, b"x" * 10, tcp_flags=tcp_flags)
+        frm = frames.frame(flow, b"x" * 10, tcp_flags=tcp_flags)
         bucket = rate_key(src, 26, 120)
         st = dataclasses.replace(
             state,

@@ -40,7 +40,9 @@ from test_differential import (  # the harness and lab of the differential test
 
 from xdplb import model
 from xdplb.core import abi
+from xdplb.core.state import ConnEntry
 from xdplb.datapath.conns import ConnTable
+from xdplb.model import frames
 
 pytestmark = pytest.mark.bpf
 
@@ -65,7 +67,7 @@ def base_frames(state: model.DataplaneState) -> list[bytes]:
     out = []
     for i, f in enumerate(flows + others):
         payload = bytes(range(i % 5 * 7))
-        out.append(model.frame(f, payload, tos=i))
+        out.append(frames.frame(f, payload, tos=i))
     return out
 
 
@@ -276,14 +278,14 @@ def inner_is_valid(out: bytes) -> str | None:
 # --- the run ------------------------------------------------------------------------------------
 
 
-def clear_conns(mlb: ModelLb, conns: dict[bytes, model.ConnEntry]) -> None:
+def clear_conns(mlb: ModelLb, conns: dict[bytes, ConnEntry]) -> None:
     ConnTable(mlb.obj.map("lb_conns")).flush()
     conns.clear()
 
 
 def test_malformed_corpus(mlb: ModelLb) -> None:
     t0 = time.perf_counter()
-    conns: dict[bytes, model.ConnEntry] = {}
+    conns: dict[bytes, ConnEntry] = {}
     state = make_state()
     state = model.DataplaneState(state.vips, state.backends, state.tables, state.config, conns)
     mlb.load_state(state)

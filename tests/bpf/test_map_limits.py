@@ -25,12 +25,11 @@ from test_differential import (
     run_all,
 )
 
-from xdplb import model
 from xdplb.config import LimitsConfig
 from xdplb.core import abi, hashing, limits, paths
 from xdplb.core.errors import ConfigError
 from xdplb.core.mapops import SetConfig
-from xdplb.core.state import LbConfig
+from xdplb.core.state import ConnEntry, LbConfig
 from xdplb.datapath import BpfObject
 from xdplb.datapath.conns import ConnTable
 from xdplb.datapath.lb import LbDatapath, LbMaps, check_pins, destroy
@@ -160,7 +159,7 @@ def test_a_small_conn_table_keeps_flows_in_its_sets_and_matches_the_model(
     state = replace(state, config=replace(state.config, conn_mask=255), conns={})
     small_mlb.load_state(state)
     flows = random_flows(state, 3000, seed=77)
-    conns: dict[bytes, model.ConnEntry] = {}
+    conns: dict[bytes, ConnEntry] = {}
     first, problems, _ = run_all(small_mlb, state, flows, conns)
     assert_none(problems)
     assert all(d.events == (abi.Event.CONN_MISS,) for d in first)

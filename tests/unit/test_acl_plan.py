@@ -16,6 +16,7 @@ from xdplb.core import abi
 from xdplb.core.acl import AclIndex, AclKey, rate_key
 from xdplb.core.mapops import DeleteAcl, PutAcl, PutTable, PutVip, SetConfig
 from xdplb.core.state import BackendState, LbConfig, LookupTable, Snapshot, Vip, VipParams
+from xdplb.model import frames
 
 pytestmark = pytest.mark.unit
 
@@ -183,7 +184,7 @@ def syn(
     proto: int = abi.IPPROTO_TCP,
     flags: int = 0x02,
 ) -> bytes:
-    return model.frame(model.Flow(A(src), A(dst), 40000, 80, proto), tcp_flags=flags)
+    return frames.frame(model.Flow(A(src), A(dst), 40000, 80, proto), tcp_flags=flags)
 
 
 def test_model_acl_steps() -> None:

@@ -17,6 +17,10 @@ from hypothesis import strategies as st
 from xdplb import model as m
 from xdplb.core import abi, hashing
 from xdplb.core.addresses import IPAddress
+from xdplb.core.state import BackendState, ConnEntry, LbConfig, LookupTable, Vip, VipParams
+from xdplb.model import frames
+from xdplb.model.checksum import ipv4_checksum
+from xdplb.model.parse import ETH_P_8021AD, ETH_P_8021Q
 
 pytestmark = pytest.mark.unit
 
@@ -36,20 +40,20 @@ TCP, UDP = abi.IPPROTO_TCP, abi.IPPROTO_UDP
 SIZE = 13  # a small prime: every bucket can be reasoned about
 
 BACKENDS = {
-    1: m.BackendState(V4("198.18.0.11")),
-    2: m.BackendState(V4("198.18.0.12")),
-    3: m.BackendState(V4("198.18.0.13")),
-    4: m.BackendState(V6("fd78:6470:6c62::11")),
-    5: m.BackendState(V4("198.18.0.14"), active=False),
+    1: BackendState(V4("198.18.0.11")),
+    2: BackendState(V4("198.18.0.12")),
+    3: BackendState(V4("198.18.0.13")),
+    4: BackendState(V6("fd78:6470:6c62::11")),
+    5: BackendState(V4("198.18.0.14"), active=False),
 }
 
 VIPS = {
-    m.Vip(VIP4, 80, TCP): m.VipParams(1, table_size=SIZE),
-    m.Vip(VIP4, 0, UDP): m.VipParams(2, table_size=SIZE),
-    m.Vip(VIP4, 53, UDP): m.VipParams(3, table_size=SIZE, encap=abi.Encap.IPIP),
-    m.Vip(VIP6, 443, TCP): m.VipParams(4, flags=abi.VIP_F_SRC_HASH, table_size=SIZE),
-    m.Vip(VIP4_NOTABLE, 80, TCP): m.VipParams(5, table_size=SIZE),
-    m.Vip(VIP4_BEAMER, 80, TCP): m.VipParams(6, table_size=SIZE, table_kind=abi.TableKind.BEAMER),
+    Vip(VIP4, 80, TCP): VipParams(1, table_size=SIZE),
+    Vip(VIP4, 0, UDP): VipParams(2, table_size=SIZE),
+    Vip(VIP4, 53, UDP): VipParams(3, table_size=SIZE, encap=abi.Encap.IPIP),
+    Vip(VIP6, 443, TCP): VipParams(4, flags=abi.VIP_F_SRC_HASH, table_size=SIZE),
+    Vip(VIP4_NOTABLE, 80, TCP): VipParams(5, table_size=SIZE),
+    Vip(VIP4_BEAMER, 80, TCP): VipParams(6, table_size=SIZE, table_kind=abi.TableKind.BEAMER),
 }
 
 
@@ -58,13 +62,13 @@ def cycle(ids: list[int], size: int = SIZE) -> np.ndarray:
 
 
 TABLES = {
-    1: m.LookupTable(cycle([1, 2, 3])),
-    2: m.LookupTable(cycle([2, 3])),
-    3: m.LookupTable(cycle([3])),
-    4: m.LookupTable(cycle([4])),
-    6: m.LookupTable(cycle([1]), cycle([2, 0])),
+    1: LookupTable(cycle([1, 2, 3])),
+    2: LookupTable(cycle([2, 3])),
+    3: LookupTable(cycle([3])),
+    4: LookupTable(cycle([4])),
+    6: LookupTable(cycle([1]), cycle([2, 0])),
 }
-CONFIG = m.LbConfig(SRC4, SRC6, gue_port=abi.GUE_PORT, seed=0x5EED)
+CONFIG = LbConfig(SRC4, SRC6, gue_port=abi.GUE_PORT, seed=0x5EED)
 
 
 def state(**changes: object) -> m.DataplaneState:
@@ -98,7 +102,7 @@ def table_choice(f: m.Flow, ids: list[int], src_only: bool = False) -> int:
 
 
 def test_not_ip_passes() -> None:
-    arp = m.MAC_DST + m.MAC_SRC + b"\x08\x06" + bytes(28)
+    arp = frames.MAC_DST + frames.MAC_SRC + b"\x08\x06" + bytes(28)
     d = m.decide(S, arp)
     assert (d.outcome, d.events) == (m.Outcome.PASS, (abi.Event.PASS_NOT_IP,))
 
@@ -107,25 +111,27 @@ def test_runt_frame_is_not_ip() -> None:
     assert m.decide(S, b"\x02" * 13).events == (abi.Event.PASS_NOT_IP,)
 
 
-@pytest.mark.parametrize("tpid", [m.ETH_P_8021Q, m.ETH_P_8021AD])
+@pytest.mark.parametrize("tpid", [ETH_P_8021Q, ETH_P_8021AD])
 def test_one_vlan_tag_is_skipped_and_not_forwarded(tpid: int) -> None:
     f = flow()
-    plain = m.decide(S, m.frame(f))
-    ip = m.frame(f)[14:]
-    tagged = m.decide(S, m.ethernet(ip, 4, vlan=7, tpid=tpid))
+    plain = m.decide(S, frames.frame(f))
+    ip = frames.frame(f)[14:]
+    tagged = m.decide(S, frames.ethernet(ip, 4, vlan=7, tpid=tpid))
     assert tagged.outcome is m.Outcome.FORWARD
     assert tagged.packet == plain.packet  # the tag is gone: outer IP onward is identical
 
 
 def test_two_tags_are_not_ip() -> None:
-    ip = m.frame(flow())[14:]
-    inner = m.ETH_P_8021Q.to_bytes(2, "big") + b"\x00\x07" + b"\x08\x00" + ip
-    qinq = m.MAC_DST + m.MAC_SRC + m.ETH_P_8021AD.to_bytes(2, "big") + b"\x00\x05" + inner
+    ip = frames.frame(flow())[14:]
+    inner = ETH_P_8021Q.to_bytes(2, "big") + b"\x00\x07" + b"\x08\x00" + ip
+    qinq = frames.MAC_DST + frames.MAC_SRC + ETH_P_8021AD.to_bytes(2, "big") + b"\x00\x05" + inner
     assert m.decide(S, qinq).events == (abi.Event.PASS_NOT_IP,)
 
 
 def test_truncated_vlan_tag_is_not_ip() -> None:
-    assert m.decide(S, m.MAC_DST + m.MAC_SRC + b"\x81\x00\x00").events == (abi.Event.PASS_NOT_IP,)
+    assert m.decide(S, frames.MAC_DST + frames.MAC_SRC + b"\x81\x00\x00").events == (
+        abi.Event.PASS_NOT_IP,
+    )
 
 
 # --- 2. IP header -----------------------------------------------------------------
@@ -134,7 +140,7 @@ def test_truncated_vlan_tag_is_not_ip() -> None:
 def v4_frame_with(
     f: m.Flow, *, vihl: int | None = None, tot_len: int | None = None, trail: bytes = b""
 ) -> bytes:
-    fr = bytearray(m.frame(f))
+    fr = bytearray(frames.frame(f))
     if vihl is not None:
         fr[14] = vihl
     if tot_len is not None:
@@ -152,12 +158,12 @@ def v4_frame_with(
         ("options beyond the frame", v4_frame_with(flow(), vihl=0x4F)),
         ("tot_len < IHL*4", v4_frame_with(flow(), tot_len=19)),
         ("tot_len beyond the frame", v4_frame_with(flow(), tot_len=41)),
-        ("header cut short", m.frame(flow())[: 14 + 19]),
-        ("IPv6 header cut short", m.frame(flow(VIP6, 443))[: 14 + 39]),
-        ("IPv6 payload_len beyond the frame", m.frame(flow(VIP6, 443))[:-1]),
+        ("header cut short", frames.frame(flow())[: 14 + 19]),
+        ("IPv6 header cut short", frames.frame(flow(VIP6, 443))[: 14 + 39]),
+        ("IPv6 payload_len beyond the frame", frames.frame(flow(VIP6, 443))[:-1]),
         (
             "version 4 in an IPv6 frame",
-            m.frame(flow(VIP6, 443))[:14] + b"\x46" + m.frame(flow(VIP6, 443))[15:],
+            frames.frame(flow(VIP6, 443))[:14] + b"\x46" + frames.frame(flow(VIP6, 443))[15:],
         ),
     ],
 )
@@ -169,8 +175,8 @@ def test_malformed_ip_passes(desc: str, frame: bytes) -> None:
 def test_ethernet_padding_stays_in_frame_but_not_in_lengths() -> None:
     f = flow()
     pad = b"\xee" * 6
-    d = m.decide(S, m.frame(f) + pad)
-    base = m.decide(S, m.frame(f))
+    d = m.decide(S, frames.frame(f) + pad)
+    base = m.decide(S, frames.frame(f))
     assert d.outcome is m.Outcome.FORWARD
     assert d.stats_bytes == base.stats_bytes == 40
     assert d.packet is not None and base.packet is not None
@@ -180,9 +186,9 @@ def test_ethernet_padding_stays_in_frame_but_not_in_lengths() -> None:
 
 def test_ipv4_options_are_carried() -> None:
     f = flow()
-    tcp = m.l4_header(TCP, f.sport, f.dport)
-    ip = m.ip_packet(f.src, f.dst, TCP, tcp, options=b"\x01\x01\x01\x00")
-    d = m.decide(S, m.ethernet(ip, 4))
+    tcp = frames.l4_header(TCP, f.sport, f.dport)
+    ip = frames.ip_packet(f.src, f.dst, TCP, tcp, options=b"\x01\x01\x01\x00")
+    d = m.decide(S, frames.ethernet(ip, 4))
     assert d.outcome is m.Outcome.FORWARD and d.backend_id == table_choice(f, [1, 2, 3])
     assert d.packet is not None and d.packet.endswith(ip)
     assert d.stats_bytes == 44
@@ -192,15 +198,15 @@ def test_ipv4_options_are_carried() -> None:
 
 
 def test_icmp_to_a_vip_passes_as_not_vip() -> None:
-    ip = m.ip_packet(CLIENT4, VIP4, 1, b"\x08\x00" + bytes(6))
-    assert m.decide(S, m.ethernet(ip, 4)).events == (abi.Event.PASS_NOT_VIP,)
+    ip = frames.ip_packet(CLIENT4, VIP4, 1, b"\x08\x00" + bytes(6))
+    assert m.decide(S, frames.ethernet(ip, 4)).events == (abi.Event.PASS_NOT_VIP,)
 
 
 def test_ipv6_extension_header_is_walked() -> None:
-    tcp = m.l4_header(TCP, 40000, 443)
+    tcp = frames.l4_header(TCP, 40000, 443)
     hbh = bytes([TCP, 0]) + bytes(6)  # hop-by-hop, next header TCP
-    ip = m.ip_packet(CLIENT6, VIP6, 0, hbh + tcp)
-    d = m.decide(S, m.ethernet(ip, 6))
+    ip = frames.ip_packet(CLIENT6, VIP6, 0, hbh + tcp)
+    d = m.decide(S, frames.ethernet(ip, 6))
     assert d.outcome is m.Outcome.FORWARD and d.flow == flow(VIP6, 443)
 
 
@@ -208,8 +214,8 @@ def test_ipv6_extension_header_is_walked() -> None:
 
 
 def fragment(dst: IPAddress, frag: int, dport: int = 80) -> bytes:
-    tcp = m.l4_header(TCP, 40000, dport)
-    return m.ethernet(m.ip_packet(CLIENT4, dst, TCP, tcp, frag=frag), 4)
+    tcp = frames.l4_header(TCP, 40000, dport)
+    return frames.ethernet(frames.ip_packet(CLIENT4, dst, TCP, tcp, frag=frag), 4)
 
 
 @pytest.mark.parametrize("frag", [0x2000, 0x0001, 0x2010, 0x1FFF])
@@ -239,18 +245,18 @@ def test_fragment_uses_lb_vip_addrs_not_lb_vips() -> None:
 
 def with_l4(dst: IPAddress, proto: int, l4: bytes) -> bytes:
     src = CLIENT4 if dst.version == 4 else CLIENT6
-    return m.ethernet(m.ip_packet(src, dst, proto, l4), dst.version)
+    return frames.ethernet(frames.ip_packet(src, dst, proto, l4), dst.version)
 
 
 @pytest.mark.parametrize(
     ("desc", "proto", "l4"),
     [
-        ("TCP 19 bytes", TCP, m.l4_header(TCP, 1, 80)[:19]),
+        ("TCP 19 bytes", TCP, frames.l4_header(TCP, 1, 80)[:19]),
         ("TCP empty", TCP, b""),
-        ("TCP doff 4", TCP, m.l4_header(TCP, 1, 80)[:12] + b"\x40" + bytes(7)),
-        ("TCP doff 0", TCP, m.l4_header(TCP, 1, 80)[:12] + b"\x00" + bytes(7)),
-        ("TCP doff 6, 20 bytes", TCP, m.l4_header(TCP, 1, 80)[:12] + b"\x60" + bytes(7)),
-        ("UDP 7 bytes", UDP, m.l4_header(UDP, 1, 53)[:7]),
+        ("TCP doff 4", TCP, frames.l4_header(TCP, 1, 80)[:12] + b"\x40" + bytes(7)),
+        ("TCP doff 0", TCP, frames.l4_header(TCP, 1, 80)[:12] + b"\x00" + bytes(7)),
+        ("TCP doff 6, 20 bytes", TCP, frames.l4_header(TCP, 1, 80)[:12] + b"\x60" + bytes(7)),
+        ("UDP 7 bytes", UDP, frames.l4_header(UDP, 1, 53)[:7]),
     ],
 )
 @pytest.mark.parametrize("dst", [VIP4, VIP6])
@@ -264,20 +270,20 @@ def test_truncated_l4_to_a_vip_address_drops(
 
 
 def test_tcp_options_that_fit_are_fine() -> None:
-    tcp = bytearray(m.l4_header(TCP, 40000, 80) + b"\x01\x01\x01\x01")
+    tcp = bytearray(frames.l4_header(TCP, 40000, 80) + b"\x01\x01\x01\x01")
     tcp[12] = 6 << 4
     assert m.decide(S, with_l4(VIP4, TCP, bytes(tcp))).outcome is m.Outcome.FORWARD
 
 
 def test_l4_header_in_padding_is_truncated() -> None:
     """The L4 header must be inside the IP packet; bytes past tot_len are padding."""
-    fr = bytearray(m.frame(flow()))
+    fr = bytearray(frames.frame(flow()))
     fr[16:18] = (20 + 10).to_bytes(2, "big")  # IP says 10 bytes of TCP, frame has 20
     assert m.decide(S, bytes(fr)).drop is abi.DropReason.MALFORMED_L4
 
 
 def test_udp_length_field_is_not_checked() -> None:
-    fr = bytearray(m.frame(flow(dport=5000, proto=UDP)))
+    fr = bytearray(frames.frame(flow(dport=5000, proto=UDP)))
     fr[38:40] = (3).to_bytes(2, "big")
     assert m.decide(S, bytes(fr)).outcome is m.Outcome.FORWARD
 
@@ -286,22 +292,22 @@ def test_udp_length_field_is_not_checked() -> None:
 
 
 def test_exact_port_beats_wildcard() -> None:
-    assert m.decide(S, m.frame(flow(dport=53, proto=UDP))).vip == m.Vip(VIP4, 53, UDP)
-    assert m.decide(S, m.frame(flow(dport=54, proto=UDP))).vip == m.Vip(VIP4, 0, UDP)
+    assert m.decide(S, frames.frame(flow(dport=53, proto=UDP))).vip == Vip(VIP4, 53, UDP)
+    assert m.decide(S, frames.frame(flow(dport=54, proto=UDP))).vip == Vip(VIP4, 0, UDP)
 
 
 def test_wildcard_is_per_protocol() -> None:
-    assert m.decide(S, m.frame(flow(dport=81))).events == (abi.Event.PASS_NOT_VIP,)
+    assert m.decide(S, frames.frame(flow(dport=81))).events == (abi.Event.PASS_NOT_VIP,)
 
 
 def test_other_address_passes() -> None:
-    assert m.decide(S, m.frame(flow(OTHER4))).events == (abi.Event.PASS_NOT_VIP,)
+    assert m.decide(S, frames.frame(flow(OTHER4))).events == (abi.Event.PASS_NOT_VIP,)
 
 
 def test_family_is_part_of_the_key() -> None:
     """An IPv6 address whose first 4 bytes equal an IPv4 VIP's is not that VIP."""
     v6 = V6(VIP4.packed + bytes(12))
-    assert m.decide(S, m.frame(flow(v6))).events == (abi.Event.PASS_NOT_VIP,)
+    assert m.decide(S, frames.frame(flow(v6))).events == (abi.Event.PASS_NOT_VIP,)
 
 
 # --- 7. Flow key ----------------------------------------------------------------------------
@@ -322,12 +328,12 @@ def test_src_hash_key_keeps_only_the_source() -> None:
 
 def ack(f: m.Flow) -> bytes:
     """A packet of an open connection: TCP without SYN (a SYN skips the connection table)."""
-    return m.frame(f, tcp_flags=0x10)
+    return frames.frame(f, tcp_flags=0x10)
 
 
 def test_conn_hit_uses_stored_backend_and_hash() -> None:
     f = flow()
-    s = state(conns={f.key(): m.ConnEntry(3, 0x1234_5678)})
+    s = state(conns={f.key(): ConnEntry(3, 0x1234_5678)})
     d = m.decide(s, ack(f))
     assert d.outcome is m.Outcome.FORWARD
     assert d.events == (abi.Event.CONN_HIT,)
@@ -338,39 +344,39 @@ def test_conn_hit_uses_stored_backend_and_hash() -> None:
 
 def test_conn_hit_needs_no_table() -> None:
     f = flow(VIP4_NOTABLE)
-    s = state(conns={f.key(): m.ConnEntry(2, 7)})
+    s = state(conns={f.key(): ConnEntry(2, 7)})
     assert m.decide(s, ack(f)).backend_id == 2
 
 
 def test_a_syn_follows_the_table_whatever_the_connection_table_says() -> None:
     """A reused 5-tuple is a new connection: it must not reach a backend that left."""
     f = flow()
-    s = state(conns={f.key(): m.ConnEntry(5, 7)})
-    d = m.decide(s, m.frame(f))
+    s = state(conns={f.key(): ConnEntry(5, 7)})
+    d = m.decide(s, frames.frame(f))
     assert d.events == (abi.Event.CONN_MISS,)
     assert d.backend_id == table_choice(f, [1, 2, 3]) != 5
-    assert d.conn_insert == (f.key(), m.ConnEntry(d.backend_id, expected_hash(f)))
+    assert d.conn_insert == (f.key(), ConnEntry(d.backend_id, expected_hash(f)))
 
 
 @pytest.mark.parametrize("dead", [5, 0, 99, abi.MAX_BACKENDS])
 def test_conn_to_an_unusable_backend_is_stale(dead: int) -> None:
     f = flow()
-    s = state(conns={f.key(): m.ConnEntry(dead, 7)})
+    s = state(conns={f.key(): ConnEntry(dead, 7)})
     d = m.decide(s, ack(f))
     assert d.events == (abi.Event.CONN_STALE, abi.Event.CONN_MISS)
     assert d.backend_id == table_choice(f, [1, 2, 3])
-    assert d.conn_insert == (f.key(), m.ConnEntry(d.backend_id, expected_hash(f)))
+    assert d.conn_insert == (f.key(), ConnEntry(d.backend_id, expected_hash(f)))
 
 
 def test_stale_then_no_table_drops_with_both_counted() -> None:
     f = flow(VIP4_NOTABLE)
-    d = m.decide(state(conns={f.key(): m.ConnEntry(5, 7)}), ack(f))
+    d = m.decide(state(conns={f.key(): ConnEntry(5, 7)}), ack(f))
     assert (d.drop, d.events) == (abi.DropReason.NO_TABLE, (abi.Event.CONN_STALE,))
 
 
 def test_apply_makes_the_next_packet_a_hit() -> None:
     f = flow()
-    first = m.decide(S, m.frame(f))
+    first = m.decide(S, frames.frame(f))
     second = m.decide(m.apply(S, first), ack(f))
     assert second.events == (abi.Event.CONN_HIT,)
     assert (second.backend_id, second.gue_sport) == (first.backend_id, first.gue_sport)
@@ -383,23 +389,23 @@ def test_apply_makes_the_next_packet_a_hit() -> None:
 @given(sport=st.integers(0, 65535), last=st.integers(1, 254))
 def test_table_bucket_is_hash_mod_size(sport: int, last: int) -> None:
     f = m.Flow(V4(f"198.19.3.{last}"), VIP4, sport, 80, TCP)
-    d = m.decide(S, m.frame(f))
+    d = m.decide(S, frames.frame(f))
     h = expected_hash(f)
     assert (d.flow_hash, d.bucket, d.backend_id) == (h, h % SIZE, [1, 2, 3][h % SIZE % 3])
     assert d.events == (abi.Event.CONN_MISS,)
-    assert d.conn_insert == (f.key(), m.ConnEntry(h % SIZE % 3 + 1, h))
+    assert d.conn_insert == (f.key(), ConnEntry(h % SIZE % 3 + 1, h))
 
 
 def test_source_hash_ignores_ports_but_conn_key_does_not() -> None:
-    a = m.decide(S, m.frame(flow(VIP6, 443, sport=1000)))
-    b = m.decide(S, m.frame(flow(VIP6, 443, sport=2000)))
+    a = m.decide(S, frames.frame(flow(VIP6, 443, sport=1000)))
+    b = m.decide(S, frames.frame(flow(VIP6, 443, sport=2000)))
     assert a.flow_hash == b.flow_hash == expected_hash(flow(VIP6, 443), src_only=True)
     assert a.conn_insert is not None and b.conn_insert is not None
     assert a.conn_insert[0] != b.conn_insert[0]
 
 
 def test_no_table_drops() -> None:
-    d = m.decide(S, m.frame(flow(VIP4_NOTABLE)))
+    d = m.decide(S, frames.frame(flow(VIP4_NOTABLE)))
     assert (d.outcome, d.drop, d.events) == (m.Outcome.DROP, abi.DropReason.NO_TABLE, ())
     assert d.stats_bytes is None and d.conn_insert is None
 
@@ -407,26 +413,26 @@ def test_no_table_drops() -> None:
 @pytest.mark.parametrize(
     ("desc", "table", "size"),
     [
-        ("hop 0 is zero", m.LookupTable(cycle([0])), SIZE),
-        ("backend inactive", m.LookupTable(cycle([5])), SIZE),
-        ("backend slot empty", m.LookupTable(cycle([77])), SIZE),
-        ("backend id out of range", m.LookupTable(cycle([abi.MAX_BACKENDS])), SIZE),
-        ("bucket beyond the inner map", m.LookupTable(cycle([1], 1)), 65537),
+        ("hop 0 is zero", LookupTable(cycle([0])), SIZE),
+        ("backend inactive", LookupTable(cycle([5])), SIZE),
+        ("backend slot empty", LookupTable(cycle([77])), SIZE),
+        ("backend id out of range", LookupTable(cycle([abi.MAX_BACKENDS])), SIZE),
+        ("bucket beyond the inner map", LookupTable(cycle([1], 1)), 65537),
     ],
 )
-def test_no_backend_drops(desc: str, table: m.LookupTable, size: int) -> None:
+def test_no_backend_drops(desc: str, table: LookupTable, size: int) -> None:
     f = flow()
     if desc.startswith("bucket"):
         assert expected_hash(f) % size >= 1
-    vips = {**VIPS, m.Vip(VIP4, 80, TCP): m.VipParams(1, table_size=size)}
-    d = m.decide(state(vips=vips, tables={**TABLES, 1: table}), m.frame(f))
+    vips = {**VIPS, Vip(VIP4, 80, TCP): VipParams(1, table_size=size)}
+    d = m.decide(state(vips=vips, tables={**TABLES, 1: table}), frames.frame(f))
     assert (d.outcome, d.drop, d.events) == (m.Outcome.DROP, abi.DropReason.NO_BACKEND, ()), desc
     assert d.conn_insert is None
 
 
 def test_zero_table_size_is_no_table() -> None:
-    vips = {**VIPS, m.Vip(VIP4, 80, TCP): m.VipParams(1, table_size=0)}
-    assert m.decide(state(vips=vips), m.frame(flow())).drop is abi.DropReason.NO_TABLE
+    vips = {**VIPS, Vip(VIP4, 80, TCP): VipParams(1, table_size=0)}
+    assert m.decide(state(vips=vips), frames.frame(flow())).drop is abi.DropReason.NO_TABLE
 
 
 @pytest.mark.parametrize(
@@ -434,20 +440,20 @@ def test_zero_table_size_is_no_table() -> None:
     [("inactive", 5), ("empty slot", 77), ("other family", 4), ("out of range", 1 << 20)],
 )
 def test_beamer_leaves_out_an_unusable_second_hop(desc: str, second: int) -> None:
-    tables = {**TABLES, 6: m.LookupTable(cycle([1]), cycle([second]))}
-    d = m.decide(state(tables=tables), m.frame(flow(VIP4_BEAMER)))
+    tables = {**TABLES, 6: LookupTable(cycle([1]), cycle([second]))}
+    d = m.decide(state(tables=tables), frames.frame(flow(VIP4_BEAMER)))
     assert (d.outcome, d.hops) == (m.Outcome.FORWARD, (1,)), desc
 
 
 def test_beamer_conn_hit_has_one_hop() -> None:
     f = flow(VIP4_BEAMER)
-    d = m.decide(state(conns={f.key(): m.ConnEntry(1, 5)}), ack(f))
+    d = m.decide(state(conns={f.key(): ConnEntry(1, 5)}), ack(f))
     assert d.hops == (1,)
 
 
 def test_maglev_ignores_second_hops() -> None:
-    tables = {**TABLES, 1: m.LookupTable(cycle([1, 2, 3]), cycle([2]))}
-    assert m.decide(state(tables=tables), m.frame(flow())).hops == (
+    tables = {**TABLES, 1: LookupTable(cycle([1, 2, 3]), cycle([2]))}
+    assert m.decide(state(tables=tables), frames.frame(flow())).hops == (
         table_choice(flow(), [1, 2, 3]),
     )
 
@@ -456,11 +462,11 @@ def test_beamer_writes_both_hops() -> None:
     # Table 6: first hop 1 everywhere, second hop 2 on even buckets, none on odd ones.
     for sport in range(40000, 40040):
         f = flow(VIP4_BEAMER, sport=sport)
-        d = m.decide(S, m.frame(f))
+        d = m.decide(S, frames.frame(f))
         assert d.bucket is not None and d.flow_hash is not None
         want = (1, 2) if d.bucket % 2 == 0 else (1,)
         assert d.hops == want
-        assert d.conn_insert == (f.key(), m.ConnEntry(1, d.flow_hash))
+        assert d.conn_insert == (f.key(), ConnEntry(1, d.flow_hash))
 
 
 @pytest.mark.parametrize(
@@ -476,10 +482,10 @@ def test_beamer_writes_both_hops() -> None:
 def test_beamer_hop_list_is_the_usable_later_hops_in_order(
     rest: list[int], want: tuple[int, ...]
 ) -> None:
-    backends = {**BACKENDS, 6: m.BackendState(V4("198.18.0.16"))}
-    table = m.LookupTable(cycle([1]), np.tile(np.array(rest, dtype=np.uint32), (SIZE, 1)))
+    backends = {**BACKENDS, 6: BackendState(V4("198.18.0.16"))}
+    table = LookupTable(cycle([1]), np.tile(np.array(rest, dtype=np.uint32), (SIZE, 1)))
     st_ = state(backends=backends, tables={**TABLES, 6: table})
-    d = m.decide(st_, m.frame(flow(VIP4_BEAMER)))
+    d = m.decide(st_, frames.frame(flow(VIP4_BEAMER)))
     assert (d.outcome, d.hops) == (m.Outcome.FORWARD, want)
     assert d.packet is not None
     _, _, gue, _ = split_gue(d.packet, 4)
@@ -499,7 +505,7 @@ def split_gue(pkt: bytes, outer_v: int) -> tuple[bytes, bytes, bytes, bytes]:
 
 def test_gue_over_ipv4() -> None:
     f = flow()
-    fr = m.frame(f, b"hello", tos=0xB8)
+    fr = frames.frame(f, b"hello", tos=0xB8)
     d = m.decide(S, fr)
     assert d.packet is not None and d.flow_hash is not None
     ip, udp, gue, inner = split_gue(d.packet, 4)
@@ -508,9 +514,9 @@ def test_gue_over_ipv4() -> None:
     total = 20 + 8 + 8 + 4 + len(inner)
     assert ip == struct.pack(
         "!BBHHHBBH4s4s", 0x45, 0xB8, total, 0, 0x4000, 64, 17,
-        m.ipv4_checksum(ip[:10] + b"\0\0" + ip[12:]), SRC4.packed, be.packed,
+        ipv4_checksum(ip[:10] + b"\0\0" + ip[12:]), SRC4.packed, be.packed,
     )  # fmt: skip
-    assert m.ipv4_checksum(ip) == 0  # a header with its checksum sums to 0xffff
+    assert ipv4_checksum(ip) == 0  # a header with its checksum sums to 0xffff
     assert udp == struct.pack(
         "!HHHH", 0x8000 | (d.flow_hash & 0x7FFF), abi.GUE_PORT, 8 + 12 + len(inner), 0
     )
@@ -521,7 +527,7 @@ def test_gue_over_ipv4() -> None:
 
 def test_gue_over_ipv6_with_ipv6_inner() -> None:
     f = flow(VIP6, 443)
-    fr = m.frame(f, tos=0x2E)
+    fr = frames.frame(f, tos=0x2E)
     d = m.decide(S, fr)
     assert d.packet is not None and d.backend_id == 4
     ip, udp, gue, inner = split_gue(d.packet, 6)
@@ -536,8 +542,8 @@ def test_gue_over_ipv6_with_ipv6_inner() -> None:
 
 def test_outer_family_is_the_backends() -> None:
     """IPv4 inner over an IPv6 backend: GUE byte 1 names the inner family."""
-    tables = {**TABLES, 1: m.LookupTable(cycle([4]))}
-    d = m.decide(state(tables=tables), m.frame(flow()))
+    tables = {**TABLES, 1: LookupTable(cycle([4]))}
+    d = m.decide(state(tables=tables), frames.frame(flow()))
     assert d.packet is not None
     ip, _udp, gue, inner = split_gue(d.packet, 6)
     assert ip[0] >> 4 == 6 and gue[1] == 4 and inner[0] >> 4 == 4
@@ -545,7 +551,7 @@ def test_outer_family_is_the_backends() -> None:
 
 def test_ipip() -> None:
     f = flow(dport=53, proto=UDP)
-    fr = m.frame(f, b"q")
+    fr = frames.frame(f, b"q")
     d = m.decide(S, fr)
     assert d.packet is not None and d.backend_id == 3
     assert d.packet[9] == 4  # IPPROTO_IPIP
@@ -555,15 +561,15 @@ def test_ipip() -> None:
 
 
 def test_ipip_6in4_protocol() -> None:
-    vips = {**VIPS, m.Vip(VIP6, 443, TCP): m.VipParams(4, table_size=SIZE, encap=abi.Encap.IPIP)}
-    tables = {**TABLES, 4: m.LookupTable(cycle([1]))}
-    d = m.decide(state(vips=vips, tables=tables), m.frame(flow(VIP6, 443)))
+    vips = {**VIPS, Vip(VIP6, 443, TCP): VipParams(4, table_size=SIZE, encap=abi.Encap.IPIP)}
+    tables = {**TABLES, 4: LookupTable(cycle([1]))}
+    d = m.decide(state(vips=vips, tables=tables), frames.frame(flow(VIP6, 443)))
     assert d.packet is not None and d.packet[0] == 0x45 and d.packet[9] == 41
 
 
 def test_beamer_hop_list() -> None:
     for sport in range(40000, 40040):
-        d = m.decide(S, m.frame(flow(VIP4_BEAMER, sport=sport)))
+        d = m.decide(S, frames.frame(flow(VIP4_BEAMER, sport=sport)))
         if d.hops == (1, 2):
             break
     assert d.packet is not None
@@ -575,11 +581,11 @@ def test_beamer_hop_list() -> None:
 
 @pytest.mark.parametrize("missing", ["src4", "src6"])
 def test_no_outer_source_drops_after_choosing(missing: str) -> None:
-    cfg = m.LbConfig(
+    cfg = LbConfig(
         None if missing == "src4" else SRC4, None if missing == "src6" else SRC6, seed=CONFIG.seed
     )
     f = flow() if missing == "src4" else flow(VIP6, 443)
-    d = m.decide(state(config=cfg), m.frame(f))
+    d = m.decide(state(config=cfg), frames.frame(f))
     assert (d.outcome, d.drop) == (m.Outcome.DROP, abi.DropReason.NO_CONFIG)
     # Stats and the connection entry moved before the encapsulation failed (step 10).
     assert d.events == (abi.Event.CONN_MISS,)
@@ -588,8 +594,8 @@ def test_no_outer_source_drops_after_choosing(missing: str) -> None:
 
 
 def test_zero_address_is_no_config() -> None:
-    cfg = m.LbConfig(V4(0), SRC6, seed=CONFIG.seed)
-    assert m.decide(state(config=cfg), m.frame(flow())).drop is abi.DropReason.NO_CONFIG
+    cfg = LbConfig(V4(0), SRC6, seed=CONFIG.seed)
+    assert m.decide(state(config=cfg), frames.frame(flow())).drop is abi.DropReason.NO_CONFIG
 
 
 def test_scapy_reads_the_outer_packet() -> None:
@@ -597,7 +603,7 @@ def test_scapy_reads_the_outer_packet() -> None:
     from scapy.layers.inet import IP
     from scapy.layers.inet import UDP as SUDP
 
-    d = m.decide(S, m.frame(flow(), b"x" * 33))
+    d = m.decide(S, frames.frame(flow(), b"x" * 33))
     assert d.packet is not None
     pkt = IP(d.packet)
     assert pkt.len == len(d.packet) and pkt.flags == "DF" and pkt.ttl == 64
@@ -611,10 +617,10 @@ def test_scapy_reads_the_outer_packet() -> None:
 
 
 def test_allows() -> None:
-    fwd = m.decide(S, m.frame(flow()))
+    fwd = m.decide(S, frames.frame(flow()))
     assert fwd.allows(m.XdpAction.TX) and fwd.allows(m.XdpAction.REDIRECT)
     assert not fwd.allows(m.XdpAction.ABORTED)
-    passed = m.decide(S, m.frame(flow(OTHER4)))
+    passed = m.decide(S, frames.frame(flow(OTHER4)))
     assert passed.allows(m.XdpAction.PASS) and not passed.allows(m.XdpAction.TX)
     assert "backend=" in fwd.describe()
 
@@ -627,25 +633,25 @@ def test_config_abi_value_is_network_order() -> None:
 
 
 def test_lookup_table_buckets_layout() -> None:
-    t = m.LookupTable(np.array([1, 2], dtype=np.uint32), np.array([0, 3], dtype=np.uint32))
+    t = LookupTable(np.array([1, 2], dtype=np.uint32), np.array([0, 3], dtype=np.uint32))
     assert t.buckets() == struct.pack("<8I", 1, 0, 0, 0, 2, 3, 0, 0)
     assert t.rest is not None and t.rest.shape == (2, abi.MAX_HOPS - 1)
     assert t.hops(0) == (1,) and t.hops(1) == (2, 3)
-    full = m.LookupTable(np.array([1], dtype=np.uint32), np.array([[4, 0, 6]], dtype=np.uint32))
+    full = LookupTable(np.array([1], dtype=np.uint32), np.array([[4, 0, 6]], dtype=np.uint32))
     assert full.buckets() == struct.pack("<4I", 1, 4, 0, 6)
     assert full.hop_ids() == {1, 4, 6} and full.hops(0) == (1, 4, 6)
-    assert m.LookupTable.from_buckets(np.array([[1, 4, 0, 6]], dtype=np.uint32)) == full
+    assert LookupTable.from_buckets(np.array([[1, 4, 0, 6]], dtype=np.uint32)) == full
     # No later hop anywhere is no later hops at all: equal to a table without them.
-    assert m.LookupTable(np.array([1]), np.zeros((1, 3), np.uint32)) == m.LookupTable(np.array([1]))
+    assert LookupTable(np.array([1]), np.zeros((1, 3), np.uint32)) == LookupTable(np.array([1]))
     with pytest.raises(ValueError, match="later hops"):
-        m.LookupTable(np.array([1, 2]), np.array([1]))
+        LookupTable(np.array([1, 2]), np.array([1]))
     with pytest.raises(ValueError, match="later hops"):
-        m.LookupTable(np.array([1]), np.array([[1, 2, 3, 4]]))
+        LookupTable(np.array([1]), np.array([[1, 2, 3, 4]]))
 
 
 def test_lookup_table_contents_per_kind() -> None:
-    maglev = m.LookupTable(np.array([1, 2, 3], dtype=np.uint32))
-    beamer = m.LookupTable(np.array([1, 2], dtype=np.uint32), np.array([0, 3], dtype=np.uint32))
+    maglev = LookupTable(np.array([1, 2, 3], dtype=np.uint32))
+    beamer = LookupTable(np.array([1, 2], dtype=np.uint32), np.array([0, 3], dtype=np.uint32))
     # Maglev (lb_tables): one __u32 per bucket; Beamer (lb_btables): struct xdplb_bucket.
     assert maglev.first_hops() == struct.pack("<3I", 1, 2, 3)
     assert maglev.contents(abi.TableKind.MAGLEV) == maglev.first_hops()
@@ -658,14 +664,14 @@ def test_lookup_table_contents_per_kind() -> None:
         (maglev, abi.TableKind.BEAMER),
         (beamer, abi.TableKind.BEAMER),
     ):
-        assert m.LookupTable.from_contents(kind, t.contents(kind)) == t
+        assert LookupTable.from_contents(kind, t.contents(kind)) == t
     with pytest.raises(ValueError, match="no later hops"):
         beamer.contents(abi.TableKind.MAGLEV)
 
 
 def test_predict_backend_matches_decide() -> None:
     for f in [flow(), flow(VIP6, 443), flow(dport=9, proto=UDP), flow(OTHER4), flow(VIP4_NOTABLE)]:
-        d = m.decide(S, m.frame(f))
+        d = m.decide(S, frames.frame(f))
         want = d.backend_id if d.outcome is m.Outcome.FORWARD else None
         assert m.predict_backend(S, f) == want
 
@@ -694,7 +700,7 @@ def flows_strategy(draw: st.DrawFn) -> m.Flow:
 def test_predict_many_matches_predict_backend(flows: list[m.Flow], with_conns: bool) -> None:
     s = S
     if with_conns and flows:
-        s = state(conns={flows[0].key(): m.ConnEntry(2, 99), flows[-1].key(): m.ConnEntry(5, 1)})
+        s = state(conns={flows[0].key(): ConnEntry(2, 99), flows[-1].key(): ConnEntry(5, 1)})
     got = m.predict_many(s, flows)
     for i, f in enumerate(flows):
         want = m.predict_backend(s, f)
