@@ -1,4 +1,4 @@
-"""The real lb_xdp against the reference model, flow by flow (DESIGN.md §2).
+"""The real lb_xdp against the reference model, flow by flow (docs/design.md §2).
 
 10,000 random flows (TCP and UDP, IPv4 and IPv6, an exact VIP, a port-0 wildcard,
 a source-hash VIP, an IPIP VIP, a Beamer VIP, cross-family backends, Maglev tables

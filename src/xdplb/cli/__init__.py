@@ -1,4 +1,5 @@
 """The ``xdplb`` command (typer + rich) and its client of the daemon's API.
 
-May import: every package but lab (``xdplb run`` starts :mod:`xdplb.daemon`).
+May import: core, tables, config, datapath, health, agent, control, daemon.
+Everything but the lab: ``xdplb run`` starts :mod:`xdplb.daemon`.
 """

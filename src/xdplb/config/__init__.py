@@ -4,7 +4,7 @@ checks that refuse what cannot work or would not fit the maps (:mod:`~xdplb.conf
 and loading (:mod:`~xdplb.config.load`), where every refusal becomes a
 :class:`~xdplb.core.errors.ConfigError` naming the field at fault. Nothing here needs a
 built C extension, so ``xdplb validate`` works from a bare checkout.
-May import: core, tables (primes).
+May import: core, tables (primes only: validating a file needs no built extension).
 """
 
 from xdplb.config.checks import check_limits_unchanged

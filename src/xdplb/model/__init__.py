@@ -28,7 +28,7 @@ The modules, in the order of the steps: :mod:`~xdplb.model.state` (the input),
 frame), :mod:`~xdplb.model.predict` (flows without packets).  Frames for tests and
 benchmarks are built by :mod:`~xdplb.model.frames`.
 
-May import: core (and numpy).
+May import: core. (Of other libraries, numpy.)
 """
 
 from xdplb.model.decide import apply, decide
