@@ -20,7 +20,7 @@ from typer.testing import CliRunner
 
 from xdplb.cli.app import EXIT_CONFIG, EXIT_NOT_RUNNING, EXIT_OK, EXIT_RUNTIME, app
 from xdplb.cli.client import Client, NotRunning, parse_vip
-from xdplb.control.interface import Status
+from xdplb.control.status import Status
 from xdplb.core.paths import api_socket
 from xdplb.daemon.api import create_app
 

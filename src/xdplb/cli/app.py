@@ -26,7 +26,7 @@ import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated, Any, NoReturn
 
 import typer
 from pydantic import ValidationError
@@ -53,8 +53,9 @@ from xdplb.config import (
     parse_config,
 )
 from xdplb.config import Protocol as L4Protocol
-from xdplb.control.interface import ChangeResult, DrainStatus, Status, VipRef, VipStatus
-from xdplb.core import abi, limits, paths
+from xdplb.control.interface import ChangeResult, DrainStatus, VipRef
+from xdplb.control.status import MapStatus, Status, VipStatus, from_pins
+from xdplb.core import abi, paths
 from xdplb.core.addresses import IPAddress
 from xdplb.core.errors import ConfigError, XdplbError
 
@@ -171,70 +172,6 @@ def stop(
     console.print(f"instance {name} stopped and detached")
 
 
-def _status_data(name: str) -> dict[str, Any]:
-    from xdplb.datapath.lb import LbMaps
-
-    maps = LbMaps.from_pins(paths.pin_root(name))
-    try:
-        snap = maps.snapshot()
-        counters = maps.counters()
-        vips = []
-        for vip, st in sorted(snap.vips.items(), key=lambda kv: kv[1].vip_id):
-            table = snap.tables.get(st.vip_id)
-            share = table.counts() if table is not None else {}
-            s = counters.vips.get(st.vip_id, abi.Stats())
-            vips.append(
-                {
-                    "id": st.vip_id,
-                    "address": str(vip.addr),
-                    "port": vip.port,
-                    "protocol": "tcp" if vip.proto == abi.IPPROTO_TCP else "udp",
-                    "encap": st.encap.name.lower(),
-                    "hash": "source" if st.flags & abi.VIP_F_SRC_HASH else "5tuple",
-                    "table_size": st.table_size,
-                    "table_share": {str(k): v / st.table_size for k, v in share.items()},
-                    "packets": s.packets,
-                    "bytes": s.bytes,
-                    "new_flows": s.new_flows,
-                }
-            )
-        backends = []
-        for bid, b in sorted(snap.backends.items()):
-            s = counters.backends.get(bid, abi.Stats())
-            backends.append(
-                {
-                    "id": bid,
-                    "address": str(b.addr),
-                    "active": b.active,
-                    "packets": s.packets,
-                    "bytes": s.bytes,
-                    "new_flows": s.new_flows,
-                }
-            )
-        return {
-            "instance": name,
-            "attached": sorted(
-                p.name.removeprefix("xdp_") for p in (paths.pin_root(name) / "links").glob("xdp_*")
-            ),
-            "vips": vips,
-            "backends": backends,
-            "drops": {r.name.lower(): n for r, n in counters.drops.items()},
-            "events": {e.name.lower(): n for e, n in counters.events.items()},
-            "connections": counters.conns,
-            "maps": [
-                {
-                    "name": f.name,
-                    "config_key": limits.config_key(f.name),
-                    "entries": f.entries,
-                    "max_entries": f.max_entries,
-                }
-                for f in maps.fill(snap, conns_used=counters.conns)
-            ],
-        }
-    finally:
-        maps.close()
-
-
 @app.command()
 def status(
     config: Annotated[Path | None, typer.Option("--config", "-c")] = None,
@@ -245,84 +182,27 @@ def status(
 ) -> None:
     """VIPs, backends and counters of a running instance: from the daemon's API (health,
     drain state, weights, shares, established connections), or read from the pins when
-    the daemon does not answer. --json prints the API's Status object, or, from the
-    pins, the older format (``vips``, ``backends``, ``connections``)."""
+    the daemon does not answer (``source: pins``: what only the daemon knows is left
+    out). --json prints the Status object of ``GET /api/v1/status`` either way."""
     name = _instance(config, instance)
     try:
         with Client(name, api=api, token=token) as client:
             st = client.status()
     except (NotRunning, Unreachable):
-        pass  # read what the pins say
+        try:
+            st = from_pins(name)
+        except FileNotFoundError as e:
+            err.print(str(e))
+            raise typer.Exit(EXIT_NOT_RUNNING) from None
     except ApiError as e:
         _api_failed(e)
-    else:
-        if as_json:
-            sys.stdout.write(st.model_dump_json(indent=2) + "\n")
-        else:
-            _print_status(st)
-        return
-    try:
-        data = _status_data(name)
-    except FileNotFoundError as e:
-        err.print(str(e))
-        raise typer.Exit(EXIT_NOT_RUNNING) from None
     if as_json:
-        sys.stdout.write(json.dumps(data, indent=2) + "\n")
-        return
-    console.print(
-        f"instance [bold]{name}[/bold], attached to "
-        f"{', '.join(data['attached']) or 'nothing'}; "
-        f"{data['connections']} connections tracked"
-    )
-    vt = Table(title="VIPs")
-    for col in ("id", "VIP", "encap", "hash", "table", "packets", "bytes", "new flows"):
-        numeric = col in {"packets", "bytes", "new flows"}
-        vt.add_column(col, justify="right" if numeric else "left", no_wrap=col == "VIP")
-    for v in data["vips"]:
-        host = f"[{v['address']}]" if ":" in v["address"] else v["address"]
-        vt.add_row(
-            str(v["id"]),
-            f"{host}:{v['port']}/{v['protocol']}",
-            v["encap"],
-            v["hash"],
-            str(v["table_size"]),
-            str(v["packets"]),
-            str(v["bytes"]),
-            str(v["new_flows"]),
-        )
-    console.print(vt)
-    bt = Table(title="Backends")
-    for col in ("id", "address", "state", "table share", "packets", "bytes", "new flows"):
-        bt.add_column(col, no_wrap=col == "address")
-    for b in data["backends"]:
-        shares = [
-            f"{v['table_share'][str(b['id'])]:.1%}"
-            for v in data["vips"]
-            if str(b["id"]) in v["table_share"]
-        ]
-        bt.add_row(
-            str(b["id"]),
-            b["address"],
-            "active" if b["active"] else "removed",
-            " ".join(shares) or "-",
-            str(b["packets"]),
-            str(b["bytes"]),
-            str(b["new_flows"]),
-        )
-    console.print(bt)
-    for line in _map_lines(data["maps"]):
-        typer.echo(line)
-    ct = Table(title="Events and drops")
-    ct.add_column("counter")
-    ct.add_column("value", justify="right")
-    for k, n in data["events"].items():
-        ct.add_row(k, str(n))
-    for k, n in data["drops"].items():
-        ct.add_row(f"drop: {k}", str(n), style="red" if n else None)
-    console.print(ct)
+        sys.stdout.write(st.model_dump_json(indent=2) + "\n")
+    else:
+        _print_status(st)
 
 
-def _api_failed(e: ApiError) -> None:
+def _api_failed(e: ApiError) -> NoReturn:
     where = f" (field {e.field})" if e.field else ""
     typer.echo(f"error {e.status}: {e.error}{where}", err=True)
     raise typer.Exit(EXIT_CONFIG if 400 <= e.status < 500 else EXIT_RUNTIME)
@@ -390,6 +270,10 @@ def _host(address: str) -> str:
     return f"[{address}]" if ":" in address else address
 
 
+def _opt(value: object) -> str:
+    return "-" if value is None else str(value)
+
+
 def _vip_lines(vips: list[VipStatus], counters: bool) -> Iterator[str]:
     """``ipvsadm -L -n``-like: a line per VIP, an indented line per backend."""
     yield "Prot LocalAddress:Port Table"
@@ -404,11 +288,10 @@ def _vip_lines(vips: list[VipStatus], counters: bool) -> Iterator[str]:
         ends = [f"{_host(b.address)}:{v.port}" for b in v.backends]
         width = max(map(len, ends), default=0)
         for b, end in zip(v.backends, ends, strict=True):
-            est = "-" if b.established is None else str(b.established)
             line = (
-                f"  -> {end:<{width}}  Tunnel({v.encap})  weight {b.weight}  "
-                f"eff {b.effective_weight}  {b.health}  {b.admin}  ActiveConn {est}  "
-                f"share {b.table_share:.1%}"
+                f"  -> {end:<{width}}  Tunnel({v.encap})  weight {_opt(b.weight)}  "
+                f"eff {_opt(b.effective_weight)}  {b.health}  {b.admin}  "
+                f"ActiveConn {_opt(b.established)}  share {b.table_share:.1%}"
             )
             if counters:
                 line += f"  packets {b.packets}  bytes {b.bytes}  new {b.new_flows}"
@@ -417,34 +300,37 @@ def _vip_lines(vips: list[VipStatus], counters: bool) -> Iterator[str]:
             yield line
 
 
-def _map_lines(maps: list[dict[str, Any]]) -> Iterator[str]:
+def _map_lines(maps: list[MapStatus]) -> Iterator[str]:
     """One line per sized map: entries of max, the fill, the field that sizes it."""
     if maps:
         yield "maps (entries of max, fill, sized by):"
     for m in maps:
-        fill = m["entries"] / m["max_entries"] if m["max_entries"] else 0.0
-        approx = "~" if m.get("estimated") else ""
-        yield (
-            f"  {m['name']:<13} {approx}{m['entries']} of {m['max_entries']}  "
-            f"{fill:.1%}  {m['config_key']}"
-        )
+        fill = m.entries / m.max_entries if m.max_entries else 0.0
+        approx = "~" if m.estimated else ""
+        yield (f"  {m.name:<13} {approx}{m.entries} of {m.max_entries}  {fill:.1%}  {m.config_key}")
 
 
 def _print_status(st: Status) -> None:
-    mins, secs = divmod(int(st.uptime), 60)
-    typer.echo(
-        f"instance {st.instance} ({st.config_path}), attached to "
-        f"{', '.join(st.attached) or 'nothing'}, up {mins}m{secs:02d}s"
-        + ("; RUNTIME CHANGES NOT PERSISTED" if st.runtime_changes else "")
-    )
-    last = "" if st.last_rebuild_ms is None else f" (last {st.last_rebuild_ms:.1f} ms)"
-    typer.echo(
-        f"connection table {st.conn_table.used} of {st.conn_table.capacity} entries; "
-        f"{st.rebuilds} rebuilds{last}; {st.health_checks} health checks"
-    )
+    head = f"instance {st.instance}" + (f" ({st.config_path})" if st.config_path else "")
+    head += f", attached to {', '.join(st.attached) or 'nothing'}"
+    if st.uptime is not None:
+        mins, secs = divmod(int(st.uptime), 60)
+        head += f", up {mins}m{secs:02d}s"
+    if st.source == "pins":
+        head += "; no daemon answers: read from the pins"
+    if st.runtime_changes:
+        head += "; RUNTIME CHANGES NOT PERSISTED"
+    typer.echo(head)
+    line = f"connection table {st.conn_table.used} of {st.conn_table.capacity} entries"
+    if st.rebuilds is not None:
+        last = "" if st.last_rebuild_ms is None else f" (last {st.last_rebuild_ms:.1f} ms)"
+        line += f"; {st.rebuilds} rebuilds{last}"
+    if st.health_checks is not None:
+        line += f"; {st.health_checks} health checks"
+    typer.echo(line)
     for line in _vip_lines(st.vips, counters=True):
         typer.echo(line)
-    for line in _map_lines([m.model_dump() for m in st.maps]):
+    for line in _map_lines(st.maps):
         typer.echo(line)
     typer.echo("events: " + ("  ".join(f"{k} {n}" for k, n in st.events.items()) or "none"))
     typer.echo("drops: " + ("  ".join(f"{k} {n}" for k, n in st.drops.items()) or "none"))

@@ -55,17 +55,8 @@ from starlette.routing import BaseRoute, Match
 
 from xdplb.config import AclConfig, BackendConfig, Config, VipConfig, parse_config
 from xdplb.config import Protocol as L4Protocol
-from xdplb.control.interface import (
-    AclHits,
-    AclView,
-    BackendStatus,
-    ChangeResult,
-    Controller,
-    DrainStatus,
-    Status,
-    VipRef,
-    VipStatus,
-)
+from xdplb.control.interface import AclView, ChangeResult, Controller, DrainStatus, VipRef
+from xdplb.control.status import AclHits, BackendStatus, Status, VipStatus
 from xdplb.core.addresses import IPAddress
 from xdplb.core.errors import ConfigError
 from xdplb.daemon.metrics import Metrics
