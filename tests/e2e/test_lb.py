@@ -245,7 +245,7 @@ def test_status_and_stop(lab: Lab, lb: LbNode) -> None:
         [*cli, "status", "-i", lb.instance, "--json"], check=True, capture_output=True, text=True
     ).stdout
     status = json.loads(out)
-    assert status["attached"] == ["eth0"]
+    assert status["source"] == "daemon" and status["attached"] == ["eth0"]
     assert {v["address"] for v in status["vips"]} == {VIP4, VIP4_WEIGHTED, VIP6}
     assert all(v["packets"] > 0 for v in status["vips"] if v["port"] == 80)
     assert status["events"]["tx"] > 0 and status["conn_table"]["capacity"] == 65536 * 4
@@ -261,10 +261,13 @@ def test_status_and_stop(lab: Lab, lb: LbNode) -> None:
     out = subprocess.run(
         [*cli, "status", "-i", lb.instance, "--json"], check=True, capture_output=True, text=True
     ).stdout
-    status = json.loads(out)
-    assert status["attached"] == ["eth0"] and status["connections"] > 0
-    shares = next(v["table_share"] for v in status["vips"] if v["address"] == VIP4_WEIGHTED)
-    assert sorted(round(s, 2) for s in shares.values()) == [0.25, 0.25, 0.5]
+    pinned = json.loads(out)
+    assert pinned["source"] == "pins" and pinned["uptime"] is None
+    assert pinned["attached"] == ["eth0"] and pinned["conn_table"]["used"] > 0
+    assert {v["name"] for v in pinned["vips"]} == {v["name"] for v in status["vips"]}
+    weighted = next(v for v in pinned["vips"] if v["address"] == VIP4_WEIGHTED)
+    shares = [b["table_share"] for b in weighted["backends"]]
+    assert sorted(round(s, 2) for s in shares) == [0.25, 0.25, 0.5]
 
     stopped = subprocess.run([*cli, "stop", "-i", lb.instance], capture_output=True, text=True)
     assert stopped.returncode == 0, stopped.stderr

@@ -1,7 +1,7 @@
 """The status page in headless Chromium, inside the lab's ``lb`` namespace.
 
 A small FastAPI app stands in for the daemon's API: it serves the page the way the
-daemon does (``/`` and ``/static``) and a scripted :class:`~xdplb.control.interface.Status` whose
+daemon does (``/`` and ``/static``) and a scripted :class:`~xdplb.control.status.Status` whose
 counters grow with every poll, takes drain/enable POSTs, wants a bearer token, and can
 be told to fail. The browser and the app both listen on 127.0.0.1 of the namespace,
 as the browser and the real daemon will. The page is driven only through its
@@ -26,11 +26,11 @@ from fastapi import FastAPI, HTTPException, Request
 from fastapi.responses import FileResponse
 from fastapi.staticfiles import StaticFiles
 
-from xdplb.control.interface import (
+from xdplb.control.interface import DrainStatus
+from xdplb.control.status import (
     Admin,
     BackendStatus,
     ConnTableStatus,
-    DrainStatus,
     Health,
     Status,
     VipStatus,
@@ -146,6 +146,7 @@ class FakeDaemon:
                     )
                 )
             return Status(
+                source="daemon",
                 instance="webtest",
                 config_path="/etc/xdplb/lb.yaml",
                 attached=["eth0"],

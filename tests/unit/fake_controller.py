@@ -9,18 +9,16 @@ import threading
 from dataclasses import dataclass, field
 
 from xdplb.config import Config, parse_config
-from xdplb.control.interface import (
+from xdplb.control.interface import ChangeResult, DrainStatus, VipRef
+from xdplb.control.status import (
     AclHits,
     Admin,
     BackendStatus,
-    ChangeResult,
     ConnTableStatus,
-    DrainStatus,
-    IPAddress,
     Status,
-    VipRef,
     VipStatus,
 )
+from xdplb.core.addresses import IPAddress
 from xdplb.core.errors import ConfigError
 
 CONFIG = {
@@ -127,6 +125,7 @@ class FakeController:
                 )
             )
         return Status(
+            source="daemon",
             instance=self.cfg.instance,
             config_path="/etc/xdplb/fake.yaml",
             attached=["eth0"],

@@ -15,7 +15,8 @@ from fastapi.testclient import TestClient
 from prometheus_client.parser import text_string_to_metric_families
 
 from xdplb.config import parse_config
-from xdplb.control.interface import BackendStatus, DrainStatus, Status, VipStatus
+from xdplb.control.interface import DrainStatus
+from xdplb.control.status import BackendStatus, Status, VipStatus
 from xdplb.daemon.api import create_app, openapi_spec
 from xdplb.daemon.metrics import Metrics
 

@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 import typer
 from typer.testing import CliRunner
 
-from xdplb.cli.app import EXIT_CONFIG, EXIT_NOT_RUNNING, EXIT_OK, app
+from xdplb.cli.app import app
+from xdplb.cli.args import EXIT_CONFIG, EXIT_NOT_RUNNING, EXIT_OK
 
 pytestmark = pytest.mark.unit
 
@@ -67,3 +70,16 @@ def test_every_help_renders(cmd: tuple[str, ...]) -> None:
 
 def test_commands_found() -> None:
     assert {("backend", "drain"), ("acl", "deny"), ("run",), ("host", "attach")} <= set(COMMANDS)
+
+
+@pytest.mark.parametrize("module", ["xdplb.cli", "xdplb.cli.app"])
+def test_runs_as_a_module(module: str) -> None:
+    """``python -m xdplb.cli``, and ``-m xdplb.cli.app`` as the lab runs it."""
+    out = subprocess.run(
+        [sys.executable, "-m", module, "validate", "-c", str(EXAMPLE)],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert out.returncode == EXIT_OK, out.stderr
+    assert "ok (4 VIPs, 6 backends)" in out.stdout

@@ -11,7 +11,7 @@ import pytest
 from fake_controller import FakeController
 from test_cli_client import Served, serve, xdplb
 
-from xdplb.cli.app import EXIT_CONFIG, EXIT_OK
+from xdplb.cli.args import EXIT_CONFIG, EXIT_OK
 from xdplb.core.paths import api_socket
 
 pytestmark = pytest.mark.unit

@@ -18,9 +18,10 @@ import uvicorn
 from fake_controller import FakeController
 from typer.testing import CliRunner
 
-from xdplb.cli.app import EXIT_CONFIG, EXIT_NOT_RUNNING, EXIT_OK, EXIT_RUNTIME, app
+from xdplb.cli.app import app
+from xdplb.cli.args import EXIT_CONFIG, EXIT_NOT_RUNNING, EXIT_OK, EXIT_RUNTIME
 from xdplb.cli.client import Client, NotRunning, parse_vip
-from xdplb.control.interface import Status
+from xdplb.control.status import Status
 from xdplb.core.paths import api_socket
 from xdplb.daemon.api import create_app
 

@@ -9,8 +9,8 @@ from typing import Any
 import pytest
 
 from xdplb.config import Config, LimitsConfig, check_limits_unchanged, parse_config
-from xdplb.control.interface import MapStatus, Status
 from xdplb.control.planner import apply_to_snapshot, desired_config, plan
+from xdplb.control.status import MapStatus, Status
 from xdplb.core import abi, limits
 from xdplb.core.errors import ConfigError
 from xdplb.core.state import BackendState, Snapshot
@@ -236,6 +236,7 @@ def test_a_pinned_size_mismatch_says_how_to_start_afresh() -> None:
 def test_map_fill_levels_are_gauges() -> None:
     st = Status.model_validate(
         {
+            "source": "daemon",
             "instance": "lab",
             "config_path": "/x",
             "attached": [],

@@ -1,4 +1,6 @@
-"""The ``xdplb`` command (typer + rich) and its client of the daemon's API.
+"""The ``xdplb`` command (typer + rich) and its client of the daemon's API: ``app`` (the
+commands), ``args`` (exit codes, option types, argument parsing), ``render`` (what the
+commands print), ``client`` (the API client); ``python -m xdplb.cli`` runs it.
 
 May import: core, tables, config, datapath, health, agent, control, daemon.
 Everything but the lab: ``xdplb run`` starts :mod:`xdplb.daemon`.

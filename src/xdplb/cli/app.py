@@ -1,14 +1,9 @@
-"""The ``xdplb`` command.
+"""The ``xdplb`` command: the typer app and its commands. What they share on the way in
+(exit codes, option types, argument parsing) is :mod:`xdplb.cli.args`, what they print
+:mod:`xdplb.cli.render`.
 
-Exit codes (documented in the README):
-  0  success
-  1  runtime failure (kernel or BPF error, daemon did not stop in time, the API answered
-     5xx or could not be reached, a drain did not finish within --timeout)
-  2  invalid configuration or usage (also: the API refused the request, 4xx)
-  3  the instance is not running / has nothing pinned
-
-The commands that change a running instance (``vip``, ``backend``) and ``status`` talk to
-the daemon's HTTP API (:mod:`xdplb.cli.client`): its unix socket
+The commands that change a running instance (``vip``, ``backend``, ``acl``) and
+``status`` talk to the daemon's HTTP API (:mod:`xdplb.cli.client`): its unix socket
 ``/run/xdplb/<instance>.api.sock`` by default, or ``--api http://host:port`` with
 ``--token`` (or ``XDPLB_API``, ``XDPLB_TOKEN``). Changes are runtime-only unless
 ``--persist`` writes them to the configuration file.
@@ -17,89 +12,64 @@ the daemon's HTTP API (:mod:`xdplb.cli.client`): its unix socket
 from __future__ import annotations
 
 import contextlib
-import json
 import logging
 import os
 import signal
 import socket
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated, NoReturn
 
 import typer
-from pydantic import ValidationError
-from rich.console import Console
-from rich.table import Table
 
-from xdplb.cli.client import (
-    ApiError,
-    Client,
-    DrainTimeout,
-    NotRunning,
-    Unreachable,
-    parse_backend,
-    parse_vip,
+from xdplb.cli.args import (
+    EXIT_CONFIG,
+    EXIT_NOT_RUNNING,
+    EXIT_RUNTIME,
+    AclVipOpt,
+    ApiOpt,
+    BackendArg,
+    ConfigOpt,
+    HostInstanceOpt,
+    InstanceOpt,
+    JsonOpt,
+    OptConfigOpt,
+    PersistOpt,
+    PrefixesArg,
+    TokenOpt,
+    VipArg,
+    address_arg,
+    backend_arg,
+    instance_name,
+    prefixes_arg,
+    usage_error,
+    vip_arg,
+    vip_config,
 )
-from xdplb.config import (
-    AclConfig,
-    BackendConfig,
-    EncapKind,
-    HashFields,
-    TableKindName,
-    VipConfig,
-    load_config,
-    parse_config,
+from xdplb.cli.client import ApiError, Client, DrainTimeout, NotRunning, Unreachable
+from xdplb.cli.render import (
+    changed,
+    console,
+    drain_line,
+    err,
+    print_acl,
+    print_host_events,
+    print_json,
+    print_status,
+    vip_lines,
 )
+from xdplb.config import AclConfig, BackendConfig, EncapKind, HashFields, TableKindName, load_config
 from xdplb.config import Protocol as L4Protocol
-from xdplb.control.interface import ChangeResult, DrainStatus, Status, VipRef, VipStatus
-from xdplb.core import abi, limits, paths
-from xdplb.core.addresses import IPAddress
+from xdplb.control.interface import VipRef
+from xdplb.control.status import from_pins
+from xdplb.core import abi, paths
 from xdplb.core.errors import ConfigError, XdplbError
-
-EXIT_OK, EXIT_RUNTIME, EXIT_CONFIG, EXIT_NOT_RUNNING = 0, 1, 2, 3
 
 app = typer.Typer(
     add_completion=False, no_args_is_help=True, help="xdplb: an XDP layer-4 load balancer."
 )
-console = Console()
-err = Console(stderr=True)
-
-ConfigOpt = Annotated[Path, typer.Option("--config", "-c", help="YAML configuration file")]
-InstanceOpt = Annotated[
-    str | None, typer.Option("--instance", "-i", help="instance name (default: from -c)")
-]
-OptConfigOpt = Annotated[
-    Path | None, typer.Option("--config", "-c", help="YAML file (for the instance name)")
-]
-ApiOpt = Annotated[
-    str | None,
-    typer.Option(
-        "--api",
-        envvar="XDPLB_API",
-        help="the daemon's API URL, e.g. http://198.18.0.2:9100 "
-        "(default: the unix socket /run/xdplb/<instance>.api.sock)",
-    ),
-]
-TokenOpt = Annotated[
-    str | None, typer.Option("--token", envvar="XDPLB_TOKEN", help="bearer token of the API")
-]
-PersistOpt = Annotated[
-    bool, typer.Option("--persist", help="also write the change to the configuration file")
-]
-
-
-def _instance(config: Path | None, instance: str | None) -> str:
-    if instance:
-        return instance
-    if config is not None:
-        try:
-            return load_config(config).instance
-        except ConfigError as e:
-            err.print(f"[red]invalid configuration[/red] {config}: {e}")
-            raise typer.Exit(EXIT_CONFIG) from None
-    return "default"
 
 
 @app.command()
@@ -144,7 +114,7 @@ def run(
 
 @app.command()
 def stop(
-    config: Annotated[Path | None, typer.Option("--config", "-c")] = None,
+    config: OptConfigOpt = None,
     instance: InstanceOpt = None,
     timeout: Annotated[float, typer.Option(help="seconds to wait for the daemon")] = 10.0,
 ) -> None:
@@ -153,7 +123,7 @@ def stop(
     from xdplb.datapath.hc import destroy_health_tunnel
     from xdplb.datapath.lb import destroy
 
-    name = _instance(config, instance)
+    name = instance_name(config, instance)
     pid = read_pid(name)
     if pid is None and not paths.pin_root(name).exists():
         err.print(f"instance {name} is not running")
@@ -171,158 +141,37 @@ def stop(
     console.print(f"instance {name} stopped and detached")
 
 
-def _status_data(name: str) -> dict[str, Any]:
-    from xdplb.datapath.lb import LbMaps
-
-    maps = LbMaps.from_pins(paths.pin_root(name))
-    try:
-        snap = maps.snapshot()
-        counters = maps.counters()
-        vips = []
-        for vip, st in sorted(snap.vips.items(), key=lambda kv: kv[1].vip_id):
-            table = snap.tables.get(st.vip_id)
-            share = table.counts() if table is not None else {}
-            s = counters.vips.get(st.vip_id, abi.Stats())
-            vips.append(
-                {
-                    "id": st.vip_id,
-                    "address": str(vip.addr),
-                    "port": vip.port,
-                    "protocol": "tcp" if vip.proto == abi.IPPROTO_TCP else "udp",
-                    "encap": st.encap.name.lower(),
-                    "hash": "source" if st.flags & abi.VIP_F_SRC_HASH else "5tuple",
-                    "table_size": st.table_size,
-                    "table_share": {str(k): v / st.table_size for k, v in share.items()},
-                    "packets": s.packets,
-                    "bytes": s.bytes,
-                    "new_flows": s.new_flows,
-                }
-            )
-        backends = []
-        for bid, b in sorted(snap.backends.items()):
-            s = counters.backends.get(bid, abi.Stats())
-            backends.append(
-                {
-                    "id": bid,
-                    "address": str(b.addr),
-                    "active": b.active,
-                    "packets": s.packets,
-                    "bytes": s.bytes,
-                    "new_flows": s.new_flows,
-                }
-            )
-        return {
-            "instance": name,
-            "attached": sorted(
-                p.name.removeprefix("xdp_") for p in (paths.pin_root(name) / "links").glob("xdp_*")
-            ),
-            "vips": vips,
-            "backends": backends,
-            "drops": {r.name.lower(): n for r, n in counters.drops.items()},
-            "events": {e.name.lower(): n for e, n in counters.events.items()},
-            "connections": counters.conns,
-            "maps": [
-                {
-                    "name": f.name,
-                    "config_key": limits.config_key(f.name),
-                    "entries": f.entries,
-                    "max_entries": f.max_entries,
-                }
-                for f in maps.fill(snap, conns_used=counters.conns)
-            ],
-        }
-    finally:
-        maps.close()
-
-
 @app.command()
 def status(
-    config: Annotated[Path | None, typer.Option("--config", "-c")] = None,
+    config: OptConfigOpt = None,
     instance: InstanceOpt = None,
-    as_json: Annotated[bool, typer.Option("--json", help="machine-readable output")] = False,
+    as_json: JsonOpt = False,
     api: ApiOpt = None,
     token: TokenOpt = None,
 ) -> None:
     """VIPs, backends and counters of a running instance: from the daemon's API (health,
     drain state, weights, shares, established connections), or read from the pins when
-    the daemon does not answer. --json prints the API's Status object, or, from the
-    pins, the older format (``vips``, ``backends``, ``connections``)."""
-    name = _instance(config, instance)
+    the daemon does not answer (``source: pins``: what only the daemon knows is left
+    out). --json prints the Status object of ``GET /api/v1/status`` either way."""
+    name = instance_name(config, instance)
     try:
         with Client(name, api=api, token=token) as client:
             st = client.status()
     except (NotRunning, Unreachable):
-        pass  # read what the pins say
+        try:
+            st = from_pins(name)
+        except FileNotFoundError as e:
+            err.print(str(e))
+            raise typer.Exit(EXIT_NOT_RUNNING) from None
     except ApiError as e:
         _api_failed(e)
-    else:
-        if as_json:
-            sys.stdout.write(st.model_dump_json(indent=2) + "\n")
-        else:
-            _print_status(st)
-        return
-    try:
-        data = _status_data(name)
-    except FileNotFoundError as e:
-        err.print(str(e))
-        raise typer.Exit(EXIT_NOT_RUNNING) from None
     if as_json:
-        sys.stdout.write(json.dumps(data, indent=2) + "\n")
-        return
-    console.print(
-        f"instance [bold]{name}[/bold], attached to "
-        f"{', '.join(data['attached']) or 'nothing'}; "
-        f"{data['connections']} connections tracked"
-    )
-    vt = Table(title="VIPs")
-    for col in ("id", "VIP", "encap", "hash", "table", "packets", "bytes", "new flows"):
-        numeric = col in {"packets", "bytes", "new flows"}
-        vt.add_column(col, justify="right" if numeric else "left", no_wrap=col == "VIP")
-    for v in data["vips"]:
-        host = f"[{v['address']}]" if ":" in v["address"] else v["address"]
-        vt.add_row(
-            str(v["id"]),
-            f"{host}:{v['port']}/{v['protocol']}",
-            v["encap"],
-            v["hash"],
-            str(v["table_size"]),
-            str(v["packets"]),
-            str(v["bytes"]),
-            str(v["new_flows"]),
-        )
-    console.print(vt)
-    bt = Table(title="Backends")
-    for col in ("id", "address", "state", "table share", "packets", "bytes", "new flows"):
-        bt.add_column(col, no_wrap=col == "address")
-    for b in data["backends"]:
-        shares = [
-            f"{v['table_share'][str(b['id'])]:.1%}"
-            for v in data["vips"]
-            if str(b["id"]) in v["table_share"]
-        ]
-        bt.add_row(
-            str(b["id"]),
-            b["address"],
-            "active" if b["active"] else "removed",
-            " ".join(shares) or "-",
-            str(b["packets"]),
-            str(b["bytes"]),
-            str(b["new_flows"]),
-        )
-    console.print(bt)
-    for line in _map_lines(data["maps"]):
-        typer.echo(line)
-    ct = Table(title="Events and drops")
-    ct.add_column("counter")
-    ct.add_column("value", justify="right")
-    for k, n in data["events"].items():
-        ct.add_row(k, str(n))
-    for k, n in data["drops"].items():
-        ct.add_row(f"drop: {k}", str(n), style="red" if n else None)
-    console.print(ct)
+        sys.stdout.write(st.model_dump_json(indent=2) + "\n")
+    else:
+        print_status(st)
 
 
-def _api_failed(e: ApiError) -> None:
+def _api_failed(e: ApiError) -> NoReturn:
     where = f" (field {e.field})" if e.field else ""
     typer.echo(f"error {e.status}: {e.error}{where}", err=True)
     raise typer.Exit(EXIT_CONFIG if 400 <= e.status < 500 else EXIT_RUNTIME)
@@ -333,7 +182,7 @@ def _api(
     config: Path | None, instance: str | None, api: str | None, token: str | None
 ) -> Iterator[Client]:
     """A client of the instance's daemon; its failures become the documented exits."""
-    name = _instance(config, instance) if api is None else (instance or "default")
+    name = instance_name(config, instance) if api is None else (instance or "default")
     try:
         with Client(name, api=api, token=token) as client:
             yield client
@@ -347,112 +196,6 @@ def _api(
         _api_failed(e)
 
 
-def _vip_config(data: dict[str, Any]) -> VipConfig:
-    """A VIP validated by the configuration's own rules, before any request is sent."""
-    try:
-        return parse_config({"vips": [data]}).vips[0]
-    except ConfigError as e:
-        where = f" (field {e.field.removeprefix('vips[0]').lstrip('.')})" if e.field else ""
-        typer.echo(f"invalid VIP: {e.message}{where}", err=True)
-        raise typer.Exit(EXIT_CONFIG) from None
-
-
-def _vip_arg(text: str) -> VipRef:
-    try:
-        return parse_vip(text)
-    except ValueError as e:
-        typer.echo(f"invalid VIP: {e}", err=True)
-        raise typer.Exit(EXIT_CONFIG) from None
-
-
-def _address_arg(text: str, what: str) -> IPAddress:
-    try:
-        return parse_backend(text)
-    except ValueError as e:
-        typer.echo(f"invalid {what}: {e}", err=True)
-        raise typer.Exit(EXIT_CONFIG) from None
-
-
-def _backend_arg(text: str) -> IPAddress:
-    return _address_arg(text, "backend")
-
-
-def _changed(what: str, r: ChangeResult) -> None:
-    where = (
-        "written to the configuration file"
-        if r.persisted
-        else "runtime only (--persist writes the file)"
-    )
-    typer.echo(f"{what}: {r.operations} map operations, {where}")
-
-
-def _host(address: str) -> str:
-    return f"[{address}]" if ":" in address else address
-
-
-def _vip_lines(vips: list[VipStatus], counters: bool) -> Iterator[str]:
-    """``ipvsadm -L -n``-like: a line per VIP, an indented line per backend."""
-    yield "Prot LocalAddress:Port Table"
-    yield "  -> RemoteAddress:Port  Forward  Weight  Effective  Health  Admin  ActiveConn  Share"
-    for v in vips:
-        line = f"{v.protocol.upper():<4} {_host(v.address)}:{v.port} {v.table}"
-        if counters:
-            line += f"  {v.hash}  packets {v.packets}  bytes {v.bytes}  new {v.new_flows}"
-        if v.all_down:
-            line += "  ALL BACKENDS DOWN (last table kept)"
-        yield line
-        ends = [f"{_host(b.address)}:{v.port}" for b in v.backends]
-        width = max(map(len, ends), default=0)
-        for b, end in zip(v.backends, ends, strict=True):
-            est = "-" if b.established is None else str(b.established)
-            line = (
-                f"  -> {end:<{width}}  Tunnel({v.encap})  weight {b.weight}  "
-                f"eff {b.effective_weight}  {b.health}  {b.admin}  ActiveConn {est}  "
-                f"share {b.table_share:.1%}"
-            )
-            if counters:
-                line += f"  packets {b.packets}  bytes {b.bytes}  new {b.new_flows}"
-                if b.health_detail:
-                    line += f"  ({b.health_detail})"
-            yield line
-
-
-def _map_lines(maps: list[dict[str, Any]]) -> Iterator[str]:
-    """One line per sized map: entries of max, the fill, the field that sizes it."""
-    if maps:
-        yield "maps (entries of max, fill, sized by):"
-    for m in maps:
-        fill = m["entries"] / m["max_entries"] if m["max_entries"] else 0.0
-        approx = "~" if m.get("estimated") else ""
-        yield (
-            f"  {m['name']:<13} {approx}{m['entries']} of {m['max_entries']}  "
-            f"{fill:.1%}  {m['config_key']}"
-        )
-
-
-def _print_status(st: Status) -> None:
-    mins, secs = divmod(int(st.uptime), 60)
-    typer.echo(
-        f"instance {st.instance} ({st.config_path}), attached to "
-        f"{', '.join(st.attached) or 'nothing'}, up {mins}m{secs:02d}s"
-        + ("; RUNTIME CHANGES NOT PERSISTED" if st.runtime_changes else "")
-    )
-    last = "" if st.last_rebuild_ms is None else f" (last {st.last_rebuild_ms:.1f} ms)"
-    typer.echo(
-        f"connection table {st.conn_table.used} of {st.conn_table.capacity} entries; "
-        f"{st.rebuilds} rebuilds{last}; {st.health_checks} health checks"
-    )
-    for line in _vip_lines(st.vips, counters=True):
-        typer.echo(line)
-    for line in _map_lines([m.model_dump() for m in st.maps]):
-        typer.echo(line)
-    typer.echo("events: " + ("  ".join(f"{k} {n}" for k, n in st.events.items()) or "none"))
-    typer.echo("drops: " + ("  ".join(f"{k} {n}" for k, n in st.drops.items()) or "none"))
-    acl = [h for h in st.acl if h.scope != "global" or h.allow or h.deny or h.default]
-    for h in acl:
-        typer.echo(f"acl {h.scope}: allow {h.allow}  deny {h.deny}  default {h.default}")
-
-
 vip_app = typer.Typer(no_args_is_help=True, help="VIPs of a running instance (through its API).")
 app.add_typer(vip_app, name="vip")
 
@@ -463,15 +206,15 @@ def vip_list(
     instance: InstanceOpt = None,
     api: ApiOpt = None,
     token: TokenOpt = None,
-    as_json: Annotated[bool, typer.Option("--json", help="machine-readable output")] = False,
+    as_json: JsonOpt = False,
 ) -> None:
     """Every VIP and its backends, like ``ipvsadm -L -n``."""
     with _api(config, instance, api, token) as client:
         vips = client.vips()
     if as_json:
-        sys.stdout.write(json.dumps([v.model_dump(mode="json") for v in vips], indent=2) + "\n")
+        print_json([v.model_dump(mode="json") for v in vips])
         return
-    for line in _vip_lines(vips, counters=False):
+    for line in vip_lines(vips, counters=False):
         typer.echo(line)
 
 
@@ -494,9 +237,9 @@ def vip_add(
     token: TokenOpt = None,
 ) -> None:
     """Add a VIP without backends (``xdplb backend add`` gives it some)."""
-    vip = _vip_config(
+    vip = vip_config(
         {
-            "address": _address_arg(address, "VIP"),
+            "address": address_arg(address, "VIP"),
             "port": port,
             "protocol": protocol,
             "encap": encap,
@@ -506,7 +249,7 @@ def vip_add(
         }
     )
     with _api(config, instance, api, token) as client:
-        _changed(f"added VIP {vip.name}", client.add_vip(vip, persist=persist))
+        changed(f"added VIP {vip.name}", client.add_vip(vip, persist=persist))
 
 
 @vip_app.command("del")
@@ -521,19 +264,15 @@ def vip_del(
     token: TokenOpt = None,
 ) -> None:
     """Remove a VIP (its connections are cut: drain its backends first)."""
-    ref = VipRef(address=_address_arg(address, "VIP"), port=port, protocol=protocol)
+    ref = VipRef(address=address_arg(address, "VIP"), port=port, protocol=protocol)
     with _api(config, instance, api, token) as client:
-        _changed(f"removed VIP {ref.name}", client.delete_vip(ref, persist=persist))
+        changed(f"removed VIP {ref.name}", client.delete_vip(ref, persist=persist))
 
 
 backend_app = typer.Typer(
     no_args_is_help=True, help="Backends of a VIP of a running instance (through its API)."
 )
 app.add_typer(backend_app, name="backend")
-VipArg = Annotated[
-    str, typer.Argument(help="ADDRESS:PORT/PROTOCOL (tcp when left out), e.g. 198.18.100.1:80/tcp")
-]
-BackendArg = Annotated[str, typer.Argument(help="backend address")]
 
 
 @backend_app.command("add")
@@ -548,10 +287,10 @@ def backend_add(
     token: TokenOpt = None,
 ) -> None:
     """Add a backend to a VIP (or set its weight if the VIP has it)."""
-    ref, addr = _vip_arg(vip), _backend_arg(backend)
+    ref, addr = vip_arg(vip), backend_arg(backend)
     with _api(config, instance, api, token) as client:
         r = client.put_backend(ref, BackendConfig(address=addr, weight=weight), persist=persist)
-        _changed(f"backend {addr} of {ref.name}, weight {weight}", r)
+        changed(f"backend {addr} of {ref.name}, weight {weight}", r)
 
 
 @backend_app.command("del")
@@ -565,9 +304,9 @@ def backend_del(
     token: TokenOpt = None,
 ) -> None:
     """Remove a backend from a VIP at once (``backend drain`` first keeps its connections)."""
-    ref, addr = _vip_arg(vip), _backend_arg(backend)
+    ref, addr = vip_arg(vip), backend_arg(backend)
     with _api(config, instance, api, token) as client:
-        _changed(
+        changed(
             f"removed backend {addr} of {ref.name}",
             client.delete_backend(ref, addr, persist=persist),
         )
@@ -585,18 +324,10 @@ def backend_weight(
     token: TokenOpt = None,
 ) -> None:
     """Set a backend's weight (0: out of the table, still configured)."""
-    ref, addr = _vip_arg(vip), _backend_arg(backend)
+    ref, addr = vip_arg(vip), backend_arg(backend)
     with _api(config, instance, api, token) as client:
         r = client.set_weight(ref, addr, weight, persist=persist)
-        _changed(f"backend {addr} of {ref.name}, weight {weight}", r)
-
-
-def _drain_line(d: DrainStatus) -> str:
-    if d.established is None:
-        est = "established connections unknown (no agent report yet)"
-    else:
-        est = f"{d.established} established"
-    return f"backend {d.backend} of {d.vip}: {d.admin}, {est}"
+        changed(f"backend {addr} of {ref.name}, weight {weight}", r)
 
 
 @backend_app.command("drain")
@@ -613,16 +344,16 @@ def backend_drain(
     """No new connections to the backend for this VIP; established ones continue. With
     --wait, poll every 0.1 s until its agent reports none left (exit 0, printing how long
     it took) or --timeout passes (exit 1)."""
-    ref, addr = _vip_arg(vip), _backend_arg(backend)
+    ref, addr = vip_arg(vip), backend_arg(backend)
     with _api(config, instance, api, token) as client:
         start = time.monotonic()
-        typer.echo(_drain_line(client.drain(ref, addr)))
+        typer.echo(drain_line(client.drain(ref, addr)))
         if not wait:
             return
         try:
             client.wait_drained(ref, addr, timeout=max(0.0, timeout - (time.monotonic() - start)))
         except DrainTimeout as e:
-            typer.echo(_drain_line(e.last), err=True)
+            typer.echo(drain_line(e.last), err=True)
             if e.last.done is None:
                 typer.echo(
                     f"no agent reports for backend {addr}: cannot tell whether its "
@@ -645,9 +376,9 @@ def backend_enable(
     token: TokenOpt = None,
 ) -> None:
     """Undo a drain: the backend takes new connections again."""
-    ref, addr = _vip_arg(vip), _backend_arg(backend)
+    ref, addr = vip_arg(vip), backend_arg(backend)
     with _api(config, instance, api, token) as client:
-        typer.echo(_drain_line(client.enable(ref, addr)))
+        typer.echo(drain_line(client.enable(ref, addr)))
 
 
 acl_app = typer.Typer(
@@ -657,13 +388,6 @@ acl_app = typer.Typer(
     "rule matches is denied.",
 )
 app.add_typer(acl_app, name="acl")
-AclVipOpt = Annotated[
-    str | None,
-    typer.Option("--vip", help="a VIP's own ACL (ADDRESS:PORT/PROTOCOL); default: global"),
-]
-PrefixesArg = Annotated[
-    list[str], typer.Argument(help="source prefixes, e.g. 198.18.7.0/24 fd78:6470:6c62::/48")
-]
 
 
 def _acl_change(
@@ -678,17 +402,12 @@ def _acl_change(
 ) -> None:
     """Read the scope's ACL, add (``allow``/``deny``: moving a prefix from the other
     list) or remove (``del``) prefixes, and put it back whole."""
-    ref = _vip_arg(vip) if vip is not None else None
-    try:
-        new = AclConfig.model_validate({"deny": prefixes})
-    except ValidationError as e:
-        msg = str(e.errors()[0]["msg"]).removeprefix("Value error, ")
-        typer.echo(f"invalid prefix: {msg}", err=True)
-        raise typer.Exit(EXIT_CONFIG) from None
+    ref = vip_arg(vip) if vip is not None else None
+    new = prefixes_arg(prefixes)
     with _api(config, instance, api, token) as client:
         view = client.acl(ref)
         allow, deny = list(view.allow), list(view.deny)
-        for p in (str(x) for x in new.deny):
+        for p in new:
             present = p in allow or p in deny
             allow, deny = [a for a in allow if a != p], [d for d in deny if d != p]
             if action == "allow":
@@ -696,13 +415,12 @@ def _acl_change(
             elif action == "deny":
                 deny.append(p)
             elif not present:
-                typer.echo(f"{p} is in no list of the {view.hits.scope} ACL", err=True)
-                raise typer.Exit(EXIT_CONFIG)
+                raise usage_error(f"{p} is in no list of the {view.hits.scope} ACL")
         r = client.put_acl(
             AclConfig.model_validate({"allow": allow, "deny": deny}), ref, persist=persist
         )
         what = {"allow": "allowed", "deny": "denied", "del": "removed"}[action]
-        _changed(f"{view.hits.scope} ACL: {what} {' '.join(prefixes)}", r)
+        changed(f"{view.hits.scope} ACL: {what} {' '.join(prefixes)}", r)
 
 
 @acl_app.command("list")
@@ -712,71 +430,47 @@ def acl_list(
     instance: InstanceOpt = None,
     api: ApiOpt = None,
     token: TokenOpt = None,
-    as_json: Annotated[bool, typer.Option("--json", help="machine-readable output")] = False,
+    as_json: JsonOpt = False,
 ) -> None:
     """The rules of the global ACL (or a VIP's) and how many packets each list matched."""
-    ref = _vip_arg(vip) if vip is not None else None
+    ref = vip_arg(vip) if vip is not None else None
     with _api(config, instance, api, token) as client:
         view = client.acl(ref)
     if as_json:
-        sys.stdout.write(json.dumps(view.model_dump(mode="json"), indent=2) + "\n")
+        print_json(view.model_dump(mode="json"))
         return
-    h = view.hits
-    typer.echo(f"{h.scope} ACL" + (" (allow list: other sources denied)" if view.allow else ""))
-    for p in view.allow:
-        typer.echo(f"  allow {p}")
-    for p in view.deny:
-        typer.echo(f"  deny  {p}")
-    typer.echo(f"hits: allow {h.allow}  deny {h.deny}  default {h.default}")
+    print_acl(view)
 
 
-@acl_app.command("allow")
-def acl_allow(
-    prefixes: PrefixesArg,
-    vip: AclVipOpt = None,
-    persist: PersistOpt = False,
-    config: OptConfigOpt = None,
-    instance: InstanceOpt = None,
-    api: ApiOpt = None,
-    token: TokenOpt = None,
-) -> None:
-    """Allow source prefixes (makes the scope an allow list: others are denied)."""
-    _acl_change(vip, prefixes, "allow", persist, config, instance, api, token)
+#: The commands that change an ACL, and their help.
+ACL_CHANGES = {
+    "allow": "Allow source prefixes (makes the scope an allow list: others are denied).",
+    "deny": "Deny source prefixes: their packets to the VIPs are dropped in XDP.",
+    "del": "Remove source prefixes from the scope's lists.",
+}
 
 
-@acl_app.command("deny")
-def acl_deny(
-    prefixes: PrefixesArg,
-    vip: AclVipOpt = None,
-    persist: PersistOpt = False,
-    config: OptConfigOpt = None,
-    instance: InstanceOpt = None,
-    api: ApiOpt = None,
-    token: TokenOpt = None,
-) -> None:
-    """Deny source prefixes: their packets to the VIPs are dropped in XDP."""
-    _acl_change(vip, prefixes, "deny", persist, config, instance, api, token)
+def _acl_command(action: str) -> Callable[..., None]:
+    def command(
+        prefixes: PrefixesArg,
+        vip: AclVipOpt = None,
+        persist: PersistOpt = False,
+        config: OptConfigOpt = None,
+        instance: InstanceOpt = None,
+        api: ApiOpt = None,
+        token: TokenOpt = None,
+    ) -> None:
+        _acl_change(vip, prefixes, action, persist, config, instance, api, token)
+
+    return command
 
 
-@acl_app.command("del")
-def acl_del(
-    prefixes: PrefixesArg,
-    vip: AclVipOpt = None,
-    persist: PersistOpt = False,
-    config: OptConfigOpt = None,
-    instance: InstanceOpt = None,
-    api: ApiOpt = None,
-    token: TokenOpt = None,
-) -> None:
-    """Remove source prefixes from the scope's lists."""
-    _acl_change(vip, prefixes, "del", persist, config, instance, api, token)
+for _action, _help in ACL_CHANGES.items():
+    acl_app.command(_action, help=_help)(_acl_command(_action))
 
 
 host_app = typer.Typer(no_args_is_help=True, help="host_tc on a backend host.")
 app.add_typer(host_app, name="host")
-HostInstance = Annotated[
-    str, typer.Option("--instance", "-i", help="pins under /sys/fs/bpf/xdplb/")
-]
 
 
 @host_app.command("attach")
@@ -784,7 +478,7 @@ def host_attach(
     dev: Annotated[str, typer.Option(help="interface the tunnels arrive on")],
     addr: Annotated[list[str], typer.Option(help="an address of this host that tunnels target")],
     gue_port: Annotated[int, typer.Option(min=1, max=65535)] = abi.GUE_PORT,
-    instance: HostInstance = "host",
+    instance: HostInstanceOpt = "host",
 ) -> None:
     """Load host_tc, attach it at TC ingress of DEV and configure it; it stays attached
     after the command exits (run again to change addresses or upgrade in place)."""
@@ -818,7 +512,7 @@ def host_attach(
 @host_app.command("detach")
 def host_detach(
     dev: Annotated[str, typer.Option(help="interface host_tc is attached to")],
-    instance: HostInstance = "host",
+    instance: HostInstanceOpt = "host",
 ) -> None:
     """Take host_tc off DEV and remove the instance's pins."""
     from xdplb.datapath.host import detach
@@ -839,8 +533,8 @@ def host_detach(
 
 @host_app.command("status")
 def host_status(
-    instance: HostInstance = "host",
-    as_json: Annotated[bool, typer.Option("--json")] = False,
+    instance: HostInstanceOpt = "host",
+    as_json: JsonOpt = False,
 ) -> None:
     """What host_tc did: decapsulations, second-hop forwards, drops."""
     from xdplb.datapath.host import events_from_pins
@@ -851,14 +545,9 @@ def host_status(
         err.print(str(e))
         raise typer.Exit(EXIT_NOT_RUNNING) from None
     if as_json:
-        sys.stdout.write(json.dumps({"instance": instance, "events": events}, indent=2) + "\n")
+        print_json({"instance": instance, "events": events})
         return
-    t = Table(title=f"host_tc ({instance})")
-    t.add_column("event")
-    t.add_column("packets", justify="right")
-    for name, n in events.items():
-        t.add_row(name, str(n))
-    console.print(t)
+    print_host_events(instance, events)
 
 
 def main() -> None:

@@ -2,7 +2,8 @@
 
 Where it connects: the daemon's unix socket ``/run/xdplb/<instance>.api.sock`` by
 default (``XDPLB_RUN_DIR`` moves it), or a URL (``http://host:port``) with a bearer
-token. Answers are parsed into the models of :mod:`xdplb.control.interface`.
+token. Answers are parsed into the models of :mod:`xdplb.control.interface` and
+:mod:`xdplb.control.status`.
 
 What it raises, which the CLI maps to its exit codes:
 
@@ -27,15 +28,8 @@ from pydantic import BaseModel, TypeAdapter, ValidationError
 
 from xdplb.config import AclConfig, BackendConfig, Config, VipConfig
 from xdplb.config import Protocol as L4Protocol
-from xdplb.control.interface import (
-    AclView,
-    BackendStatus,
-    ChangeResult,
-    DrainStatus,
-    Status,
-    VipRef,
-    VipStatus,
-)
+from xdplb.control.interface import AclView, ChangeResult, DrainStatus, VipRef
+from xdplb.control.status import BackendStatus, Status, VipStatus
 from xdplb.core.addresses import IPAddress
 from xdplb.core.closing import Closing
 from xdplb.core.paths import api_socket

@@ -37,29 +37,25 @@ from xdplb.config import (
 )
 from xdplb.control import planner
 from xdplb.control.drain import ConnectionCounts, Count, drain_done
-from xdplb.control.interface import (
-    AclHits,
-    Admin,
-    BackendStatus,
-    ChangeResult,
-    ConnTableStatus,
-    DrainStatus,
-    Health,
-    MapStatus,
-    Status,
-    VipRef,
-    VipStatus,
-)
+from xdplb.control.interface import ChangeResult, DrainStatus, VipRef
 from xdplb.control.overlay import Member, Overlay, effective
+from xdplb.control.status import (
+    Admin,
+    BackendView,
+    DaemonView,
+    Health,
+    MapsView,
+    Status,
+    VipView,
+    build,
+)
 from xdplb.control.vip_weights import WeightFeedback
-from xdplb.core import abi, limits
 from xdplb.core.addresses import IPAddress
 from xdplb.core.errors import ConfigError
 from xdplb.core.mapops import DeleteTable, PutTable
 from xdplb.core.reports import LoadReport
-from xdplb.core.state import Snapshot
 from xdplb.datapath import XdpMode
-from xdplb.datapath.lb import LbDatapath, check_pins
+from xdplb.datapath.lb import LbDatapath, MapFill, check_pins
 from xdplb.health import HealthMonitor
 from xdplb.health.targets import HealthTargets
 
@@ -317,64 +313,46 @@ class Runtime:
 
     # -- status --------------------------------------------------------------------------
 
-    def _map_status(self, snap: Snapshot, conns: int) -> list[MapStatus]:
-        fills = self.dp.fill(snap, conns_used=conns)
-        out = [
-            MapStatus(
-                name=f.name,
-                config_key=limits.config_key(f.name),
-                entries=f.entries,
-                max_entries=f.max_entries,
-                estimated=f.name == "lb_conns",
-            )
-            for f in fills
-        ]
-        tunnel = self.targets.tunnel
-        out.append(
-            MapStatus(
-                name="hc_targets",
-                config_key=limits.config_key("hc_targets"),
-                entries=tunnel.maps["hc_targets"].count() if tunnel is not None else 0,
-                max_entries=self.running.limits.hc_targets,
-            )
-        )
-        return out
-
     def status(self) -> Status:
         snap = self.dp.snapshot()
         counters = self.dp.counters(exact_conns=False, snap=snap)
-        ids = {b.addr: i for i, b in snap.backends.items() if b.active}
+        tunnel = self.targets.tunnel
+        hc_targets = MapFill(
+            "hc_targets",
+            tunnel.maps["hc_targets"].count() if tunnel is not None else 0,
+            self.running.limits.hc_targets,
+        )
+        maps = MapsView(
+            instance=self.instance,
+            snapshot=snap,
+            counters=counters,
+            conns_estimated=True,
+            fill=[*self.dp.fill(snap, conns_used=counters.conns), hc_targets],
+            attached=self.dp.attached(),
+            conn_capacity=self.dp.conns.capacity,
+        )
+        return build(maps, self._daemon_view())
+
+    def _daemon_view(self) -> DaemonView:
+        """What the status says that the maps do not: configuration, health, drains,
+        agents' reports, weights."""
         weighted = self.feedback.effective(self.running) if self.feedback else self.running
         eff = effective(
             weighted, Overlay(frozenset(self.down), frozenset(self.drains)), self.last_live
         ).config
         now = time.monotonic()
         vips = []
-        acl = [_acl_hits("global", counters.acl_hits.get(abi.ACL_GLOBAL, {}))]
-        for vip in self.running.vips:
-            params = snap.vips.get(planner.vip_key(vip))
-            hits = counters.acl_hits.get(params.vip_id, {}) if params is not None else {}
-            if not vip.acl.empty or any(hits.values()):
-                acl.append(_acl_hits(vip.name, hits))
         for vip, vip_w, vip_e in zip(self.running.vips, weighted.vips, eff.vips, strict=True):
-            params = snap.vips.get(planner.vip_key(vip))
-            table = snap.tables.get(params.vip_id) if params is not None else None
-            share = table.counts() if table is not None else {}
-            size = len(table) if table is not None else 1
-            stats = counters.vips.get(params.vip_id, abi.Stats()) if params else abi.Stats()
             backends = []
             for b, bw, be in zip(vip.backends, vip_w.backends, vip_e.backends, strict=True):
                 member = (vip.name, b.address)
-                bid = ids.get(b.address)
-                bstats = counters.backends.get(bid, abi.Stats()) if bid else abi.Stats()
                 hs = self.health.state(member)
                 health: Health = "unchecked" if hs is None else ("up" if hs.up else "down")
                 count = self._established(vip, b.address)
                 chain = self.counts.chain_events(b.address)
                 backends.append(
-                    BackendStatus(
-                        address=str(b.address),
-                        id=bid,
+                    BackendView(
+                        address=b.address,
                         weight=bw.weight,
                         effective_weight=be.weight,
                         health=health,
@@ -384,54 +362,23 @@ class Runtime:
                         else None,
                         admin=self._admin(member),
                         established=count.value if count is not None else None,
-                        table_share=share.get(bid, 0) / size if bid else 0.0,
-                        packets=bstats.packets,
-                        bytes=bstats.bytes,
-                        new_flows=bstats.new_flows,
                         second_hop_forwards=chain.get("forward") if chain is not None else None,
                     )
                 )
             vips.append(
-                VipStatus(
-                    name=vip.name,
-                    address=str(vip.address),
-                    port=vip.port,
-                    protocol=str(vip.protocol),
-                    encap=str(vip.encap),
-                    hash=str(vip.hash),
-                    table=str(vip.table),
+                VipView.configured(
+                    vip,
                     table_size=self.running.vip_table_size(vip),
-                    id=params.vip_id if params is not None else None,
                     all_down=vip.name in self.all_down,
-                    health_checked=any(b.health for b in vip.backends) or vip.health is not None,
-                    packets=stats.packets,
-                    bytes=stats.bytes,
-                    new_flows=stats.new_flows,
                     backends=backends,
                 )
             )
-        return Status(
-            instance=self.instance,
+        return DaemonView(
             config_path=str(self.config_path),
-            attached=self.dp.attached(),
             runtime_changes=self.running != self.file_config,
             uptime=now - self.started,
-            vips=vips,
-            drops={r.name.lower(): n for r, n in counters.drops.items()},
-            events={e.name.lower(): n for e, n in counters.events.items()},
-            conn_table=ConnTableStatus(capacity=self.dp.conns.capacity, used=counters.conns),
-            maps=self._map_status(snap, counters.conns),
             rebuilds=self.rebuilds,
             last_rebuild_ms=self.last_rebuild_ms,
             health_checks=self.health.checks_total,
-            acl=acl,
+            vips=vips,
         )
-
-
-def _acl_hits(scope: str, hits: dict[abi.AclList, int]) -> AclHits:
-    return AclHits(
-        scope=scope,
-        allow=hits.get(abi.AclList.ALLOW, 0),
-        deny=hits.get(abi.AclList.DENY, 0),
-        default=hits.get(abi.AclList.DEFAULT, 0),
-    )

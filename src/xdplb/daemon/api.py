@@ -40,7 +40,7 @@ import logging
 import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path as FsPath
-from typing import Annotated, Any, NoReturn, TypeVar
+from typing import Annotated, Any, NamedTuple, NoReturn, TypeVar
 
 from fastapi import APIRouter, Depends, FastAPI, Path, Query, Request, Security
 from fastapi.exceptions import RequestValidationError
@@ -55,17 +55,8 @@ from starlette.routing import BaseRoute, Match
 
 from xdplb.config import AclConfig, BackendConfig, Config, VipConfig, parse_config
 from xdplb.config import Protocol as L4Protocol
-from xdplb.control.interface import (
-    AclHits,
-    AclView,
-    BackendStatus,
-    ChangeResult,
-    Controller,
-    DrainStatus,
-    Status,
-    VipRef,
-    VipStatus,
-)
+from xdplb.control.interface import AclView, ChangeResult, Controller, DrainStatus, VipRef
+from xdplb.control.status import AclHits, BackendStatus, Status, VipStatus
 from xdplb.core.addresses import IPAddress
 from xdplb.core.errors import ConfigError
 from xdplb.daemon.metrics import Metrics
@@ -147,8 +138,29 @@ def _is(text: str, addr: IPAddress) -> bool:
         return False
 
 
-def _vip_ref(address: IPAddress, port: int, protocol: L4Protocol) -> VipRef:
+async def _vip_ref(address: AddressP, port: PortP, protocol: ProtocolP) -> VipRef:
+    """The VIP of a path: a dependency (async: it runs on the loop, not in a thread)."""
     return VipRef(address=address, port=port, protocol=protocol)
+
+
+#: The VIP named by ``/vips/{address}/{port}/{protocol}`` (three path parameters).
+VipP = Annotated[VipRef, Depends(_vip_ref)]
+
+
+class BackendRef(NamedTuple):
+    vip: VipRef
+    address: IPAddress
+
+
+async def _backend_ref(
+    address: AddressP, port: PortP, protocol: ProtocolP, backend: BackendP
+) -> BackendRef:
+    """The backend of a path (its parameters in the path's order, as the spec lists them)."""
+    return BackendRef(VipRef(address=address, port=port, protocol=protocol), backend)
+
+
+#: The backend named by ``.../backends/{backend}`` of a VIP's path.
+BackendRefP = Annotated[BackendRef, Depends(_backend_ref)]
 
 
 def _guard(fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
@@ -378,18 +390,11 @@ def create_app(
         raise ApiError(404, f"no VIP {ref.name}")
 
     @api.get(vip_path, summary="One VIP with its backends")
-    async def get_vip(address: AddressP, port: PortP, protocol: ProtocolP) -> VipStatus:
-        return vip_status(_vip_ref(address, port, protocol))
+    async def get_vip(ref: VipP) -> VipStatus:
+        return vip_status(ref)
 
     @api.put(vip_path, summary="Replace a VIP (its address, port and protocol stay)")
-    async def put_vip(
-        address: AddressP,
-        port: PortP,
-        protocol: ProtocolP,
-        vip: VipConfig,
-        persist: PersistQ = False,
-    ) -> ChangeResult:
-        ref = _vip_ref(address, port, protocol)
+    async def put_vip(ref: VipP, vip: VipConfig, persist: PersistQ = False) -> ChangeResult:
         for field, want, got in (
             ("address", ref.address, vip.address),
             ("port", ref.port, vip.port),
@@ -401,115 +406,75 @@ def create_app(
         return change(_replacing_vip(cfg, i, vip), persist)
 
     @api.delete(vip_path, summary="Remove a VIP")
-    async def delete_vip(
-        address: AddressP, port: PortP, protocol: ProtocolP, persist: PersistQ = False
-    ) -> ChangeResult:
-        cfg, i = vip_config(_vip_ref(address, port, protocol))
+    async def delete_vip(ref: VipP, persist: PersistQ = False) -> ChangeResult:
+        cfg, i = vip_config(ref)
         return change(_with_vips(cfg, [*cfg.vips[:i], *cfg.vips[i + 1 :]]), persist)
 
     @api.get(vip_path + "/backends", summary="The backends of a VIP")
-    async def list_backends(
-        address: AddressP, port: PortP, protocol: ProtocolP
-    ) -> list[BackendStatus]:
-        return vip_status(_vip_ref(address, port, protocol)).backends
+    async def list_backends(ref: VipP) -> list[BackendStatus]:
+        return vip_status(ref).backends
 
     be_path = vip_path + "/backends/{backend}"
 
     @api.get(be_path, summary="One backend of a VIP")
-    async def get_backend(
-        address: AddressP, port: PortP, protocol: ProtocolP, backend: BackendP
-    ) -> BackendStatus:
-        ref = _vip_ref(address, port, protocol)
-        for b in vip_status(ref).backends:
-            if _is(b.address, backend):
+    async def get_backend(be: BackendRefP) -> BackendStatus:
+        for b in vip_status(be.vip).backends:
+            if _is(b.address, be.address):
                 return b
-        raise ApiError(404, f"no backend {backend} in VIP {ref.name}")
+        raise ApiError(404, f"no backend {be.address} in VIP {be.vip.name}")
 
-    @api.put(be_path, summary="Add or replace a backend of a VIP")
-    async def put_backend(
-        address: AddressP,
-        port: PortP,
-        protocol: ProtocolP,
-        backend: BackendP,
-        body: BackendConfig,
-        persist: PersistQ = False,
-    ) -> ChangeResult:
-        ref = _vip_ref(address, port, protocol)
-        addr = backend
-        if body.address != addr:
-            raise ApiError(422, f"is {body.address}, the path says {addr}", "address")
-        cfg, i = vip_config(ref)
+    def with_backend(be: BackendRef, body: BackendConfig | None, persist: bool) -> ChangeResult:
+        """``be``'s VIP with ``body`` in its place (appended if the VIP has no such
+        backend; None: removed), validated whole and applied."""
+        cfg, i = vip_config(be.vip)
         vip = cfg.vips[i]
         bes = list(vip.backends)
-        j = next((j for j, b in enumerate(bes) if b.address == addr), None)
-        if j is None:
+        j = next((j for j, b in enumerate(bes) if b.address == be.address), None)
+        if body is None:
+            del bes[_backend_index(vip, be.address)]
+        elif j is None:
             bes.append(body)
         else:
             bes[j] = body
-        new = _with_backends(vip, bes)
-        return change(_replacing_vip(cfg, i, new), persist)
+        return change(_replacing_vip(cfg, i, _with_backends(vip, bes)), persist)
+
+    @api.put(be_path, summary="Add or replace a backend of a VIP")
+    async def put_backend(
+        be: BackendRefP, body: BackendConfig, persist: PersistQ = False
+    ) -> ChangeResult:
+        if body.address != be.address:
+            raise ApiError(422, f"is {body.address}, the path says {be.address}", "address")
+        return with_backend(be, body, persist)
 
     @api.patch(be_path, summary="Change a backend's weight")
     async def patch_backend(
-        address: AddressP,
-        port: PortP,
-        protocol: ProtocolP,
-        backend: BackendP,
-        body: WeightChange,
-        persist: PersistQ = False,
+        be: BackendRefP, body: WeightChange, persist: PersistQ = False
     ) -> ChangeResult:
-        ref = _vip_ref(address, port, protocol)
-        addr = backend
-        cfg, i = vip_config(ref)
-        vip = cfg.vips[i]
-        j = _backend_index(vip, addr)
-        bes = list(vip.backends)
-        bes[j] = bes[j].model_copy(update={"weight": body.weight})
-        new = _with_backends(vip, bes)
-        return change(_replacing_vip(cfg, i, new), persist)
+        cfg, i = vip_config(be.vip)
+        old = cfg.vips[i].backends[_backend_index(cfg.vips[i], be.address)]
+        return with_backend(be, old.model_copy(update={"weight": body.weight}), persist)
 
     @api.delete(be_path, summary="Remove a backend from a VIP (no drain: see /drain)")
-    async def delete_backend(
-        address: AddressP,
-        port: PortP,
-        protocol: ProtocolP,
-        backend: BackendP,
-        persist: PersistQ = False,
-    ) -> ChangeResult:
-        ref = _vip_ref(address, port, protocol)
-        addr = backend
-        cfg, i = vip_config(ref)
-        vip = cfg.vips[i]
-        j = _backend_index(vip, addr)
-        new = _with_backends(vip, [*vip.backends[:j], *vip.backends[j + 1 :]])
-        return change(_replacing_vip(cfg, i, new), persist)
+    async def delete_backend(be: BackendRefP, persist: PersistQ = False) -> ChangeResult:
+        return with_backend(be, None, persist)
 
-    def drain_target(
-        address: IPAddress, port: int, protocol: L4Protocol, backend: IPAddress
-    ) -> tuple[VipRef, IPAddress]:
-        ref = _vip_ref(address, port, protocol)
-        addr = backend
-        cfg, i = vip_config(ref)
-        _backend_index(cfg.vips[i], addr)
-        return ref, addr
+    def drain_target(be: BackendRef) -> BackendRef:
+        """``be``, once the running configuration is known to have it (else 404)."""
+        cfg, i = vip_config(be.vip)
+        _backend_index(cfg.vips[i], be.address)
+        return be
 
     @api.post(be_path + "/drain", summary="No new connections to the backend for this VIP")
-    async def drain(
-        address: AddressP, port: PortP, protocol: ProtocolP, backend: BackendP
-    ) -> DrainStatus:
-        return _guard(ctl.drain, *drain_target(address, port, protocol, backend))
+    async def drain(be: BackendRefP) -> DrainStatus:
+        return _guard(ctl.drain, *drain_target(be))
 
     @api.post(be_path + "/enable", summary="Undo a drain")
-    async def enable(
-        address: AddressP, port: PortP, protocol: ProtocolP, backend: BackendP
-    ) -> DrainStatus:
-        return _guard(ctl.enable, *drain_target(address, port, protocol, backend))
+    async def enable(be: BackendRefP) -> DrainStatus:
+        return _guard(ctl.enable, *drain_target(be))
 
     @api.get(be_path + "/drain", summary="How a drain is going")
-    async def drain_status(
-        address: AddressP, port: PortP, protocol: ProtocolP, backend: BackendP
-    ) -> DrainStatus:
-        return _guard(ctl.drain_status, *drain_target(address, port, protocol, backend))
+    async def drain_status(be: BackendRefP) -> DrainStatus:
+        return _guard(ctl.drain_status, *drain_target(be))
 
     @api.get("/acl", summary="The global source ACL (every VIP address) and its hits")
     async def get_acl() -> AclView:
@@ -520,20 +485,13 @@ def create_app(
         return change(_with_acl(_guard(ctl.config), acl), persist)
 
     @api.get(vip_path + "/acl", summary="A VIP's own source ACL and its hits")
-    async def get_vip_acl(address: AddressP, port: PortP, protocol: ProtocolP) -> AclView:
-        ref = _vip_ref(address, port, protocol)
+    async def get_vip_acl(ref: VipP) -> AclView:
         cfg, i = vip_config(ref)
         return _acl_view(cfg.vips[i].acl, ref.name, _guard(ctl.status))
 
     @api.put(vip_path + "/acl", summary="Replace a VIP's own source ACL (live)")
-    async def put_vip_acl(
-        address: AddressP,
-        port: PortP,
-        protocol: ProtocolP,
-        acl: AclConfig,
-        persist: PersistQ = False,
-    ) -> ChangeResult:
-        cfg, i = vip_config(_vip_ref(address, port, protocol))
+    async def put_vip_acl(ref: VipP, acl: AclConfig, persist: PersistQ = False) -> ChangeResult:
+        cfg, i = vip_config(ref)
         return change(_with_acl(cfg, acl, i), persist)
 
     app.include_router(api)

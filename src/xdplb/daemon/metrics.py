@@ -24,7 +24,8 @@ from prometheus_client import CollectorRegistry, Counter, Histogram, generate_la
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from xdplb.control.interface import Admin, Controller, Health, Status
+from xdplb.control.interface import Controller
+from xdplb.control.status import Admin, Health, Status
 
 log = logging.getLogger("xdplb.daemon.metrics")
 
@@ -58,7 +59,7 @@ def families(st: Status) -> Iterator[Metric]:
     yield GaugeMetricFamily(
         "xdplb_runtime_changes",
         "1 if the running configuration differs from the file (API changes not persisted)",
-        int(st.runtime_changes),
+        None if st.runtime_changes is None else int(st.runtime_changes),
     )
     yield CounterMetricFamily(
         "xdplb_health_checks", "Health checks completed since the daemon started", st.health_checks
@@ -176,7 +177,8 @@ def families(st: Status) -> Iterator[Metric]:
         v_packets.add_metric([v.name], v.packets)
         v_bytes.add_metric([v.name], v.bytes)
         v_new.add_metric([v.name], v.new_flows)
-        v_down.add_metric([v.name], int(v.all_down))
+        if v.all_down is not None:
+            v_down.add_metric([v.name], int(v.all_down))
         v_size.add_metric([v.name], v.table_size)
         for b in v.backends:
             if b.address not in seen:
@@ -192,8 +194,9 @@ def families(st: Status) -> Iterator[Metric]:
                 health.add_metric([*labels, state], int(b.health == state))
             for state in ADMIN_STATES:
                 admin.add_metric([*labels, state], int(b.admin == state))
-            weight.add_metric(labels, b.weight)
-            eff.add_metric(labels, b.effective_weight)
+            if b.weight is not None and b.effective_weight is not None:
+                weight.add_metric(labels, b.weight)
+                eff.add_metric(labels, b.effective_weight)
             share.add_metric(labels, b.table_share)
             if b.established is not None:
                 est.add_metric(labels, b.established)
