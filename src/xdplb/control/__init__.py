@@ -6,7 +6,9 @@ operations that make them agree, and the running instance that applies them.
 - :mod:`~xdplb.control.weight_law`: load reports -> weights, the damped control law (pure);
 - :mod:`~xdplb.control.vip_weights`: one such controller per VIP, and the weights it settled on;
 - :mod:`~xdplb.control.drain`: connection counts per backend, when a drain is done;
-- :mod:`~xdplb.control.interface`: what the daemon offers operators (status, changes,
+- :mod:`~xdplb.control.status`: the status models and their one builder (the daemon's,
+  and the CLI's from the pins);
+- :mod:`~xdplb.control.interface`: what the daemon offers operators (changes, drains,
   the :class:`~xdplb.control.interface.Controller` protocol);
 - :mod:`~xdplb.control.runtime`: the running instance, which implements it.
 
