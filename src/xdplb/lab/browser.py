@@ -30,7 +30,6 @@ import shutil
 import subprocess
 import tempfile
 import threading
-import time
 from collections.abc import Callable
 from pathlib import Path
 from types import TracebackType
@@ -48,6 +47,7 @@ from selenium.webdriver.remote.webelement import WebElement
 
 from xdplb.core.errors import LabError
 from xdplb.lab import netns
+from xdplb.lab.wait import wait_for
 
 CHROMIUM = Path("/usr/bin/chromium")
 CHROMEDRIVER = Path("/usr/bin/chromedriver")
@@ -262,7 +262,6 @@ class Browser:
         Raises LabError after ``timeout`` seconds (default: ``self.timeout``) with
         ``message``, the last value or error, and the page's connection state.
         """
-        deadline = time.monotonic() + (self.timeout if timeout is None else timeout)
         if isinstance(what, str):
             css = what
 
@@ -276,19 +275,14 @@ class Browser:
         else:
             cond = what
             desc = getattr(what, "__name__", "condition")
-        last: Any = None
-        while True:
-            try:
-                last = cond(self)
-                if last:
-                    return last  # type: ignore[no-any-return]
-            except _RETRY as exc:
-                last = exc
-            if time.monotonic() >= deadline:
-                state = self._page_state()
-                why = f"{message}: " if message else ""
-                raise LabError(f"{why}timed out waiting for {desc}; last: {last!r}; {state}")
-            time.sleep(POLL_INTERVAL)
+        return wait_for(  # type: ignore[no-any-return]
+            lambda: cond(self),
+            f"{message}: {desc}" if message else desc,
+            timeout=self.timeout if timeout is None else timeout,
+            interval=POLL_INTERVAL,
+            retry=_RETRY,
+            detail=self._page_state,
+        )
 
     def _page_state(self) -> str:
         try:
