@@ -40,7 +40,7 @@ from xdplb.lab.browser import Browser
 
 pytestmark = pytest.mark.e2e
 
-WEB = Path(__file__).resolve().parents[2] / "src" / "xdplb" / "web"
+WEB = Path(__file__).resolve().parents[2] / "src" / "xdplb" / "daemon" / "web"
 TOKEN = "s3cret-token"
 
 
