@@ -112,7 +112,7 @@ def test_rise_and_fall_counts_exactly() -> None:
         r = next(results, None)
         if r is None:
             done.set()
-            await asyncio.sleep(3600)
+            await asyncio.sleep(3600)  # the script is over: a check that never ends
         return CheckResult(r == "S", f"fake {r}", 0.001)
 
     changes = Changes()
@@ -280,7 +280,7 @@ def test_concurrency_is_bounded_and_nothing_starves() -> None:
         now += 1
         peak = max(peak, now)
         try:
-            await asyncio.sleep(0.02)
+            await asyncio.sleep(0.02)  # what a check costs: 20 ms
         finally:
             now -= 1
         seen[t.key] += 1
@@ -295,7 +295,7 @@ def test_concurrency_is_bounded_and_nothing_starves() -> None:
             while True:
                 queued.append(m.queued)
                 assert m.in_flight <= 5
-                await asyncio.sleep(0.003)
+                await asyncio.sleep(0.003)  # the watch's sampling period
 
         w = asyncio.create_task(watch())
         await until(
@@ -318,7 +318,7 @@ def test_cancelling_run_cancels_checks_in_flight() -> None:
     async def hang(t: Target) -> CheckResult:
         started.set()
         try:
-            await asyncio.sleep(3600)
+            await asyncio.sleep(3600)  # a check that hangs until cancelled
         except asyncio.CancelledError:
             cancelled.append(t.key)
             raise
