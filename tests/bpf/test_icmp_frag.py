@@ -9,7 +9,6 @@ import dataclasses
 import ipaddress
 import random
 import subprocess
-import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -372,6 +371,13 @@ def test_too_big_without_df_is_still_dropped(lb: Lb) -> None:
     assert delta.be_stats == {be.id: (1, len(frame) - 14, 1)}
 
 
+def forget_next_hops(lb: Lb) -> None:
+    """Empty lb_xdp's next-hop cache (lib/fib.h: 64 jiffies of earlier tests' lookups, made
+    before the route MTU): the next packets look the route up afresh."""
+    nh = lb.obj.map("lb_nexthops")
+    nh.update_array(bytes(nh.max_entries * nh.value_stride))
+
+
 @pytest.fixture
 def route_mtu(lb: Lb) -> Iterator[int]:
     """A locked route MTU of 1,300 to backend 1 (bpf_fib_lookup uses a route MTU only
@@ -380,8 +386,7 @@ def route_mtu(lb: Lb) -> Iterator[int]:
     subprocess.run(
         ["ip", "route", "replace", f"{dst}/32", "dev", "lb0", "mtu", "lock", "1300"], check=True
     )
-    # lb_xdp caches next hops for 64 jiffies (lib/fib.h): let earlier tests' entries expire.
-    time.sleep(0.7)
+    forget_next_hops(lb)
     try:
         yield 1300
     finally:
@@ -533,7 +538,7 @@ def route_mtus(lb: Lb) -> Iterator[int]:
         subprocess.run(
             ["ip", "route", "replace", dst, "dev", "lb0", "mtu", "lock", "1300"], check=True
         )
-    time.sleep(0.7)  # earlier tests' cached next hops expire (lib/fib.h)
+    forget_next_hops(lb)
     try:
         yield 1300
     finally:

@@ -23,6 +23,7 @@ from xdplb.control.drain import ConnectionCounts, Count, drain_done
 from xdplb.core.reports import LoadReport
 from xdplb.lab import Lab
 from xdplb.lab.agents import start_agent
+from xdplb.lab.wait import wait_for
 
 pytestmark = pytest.mark.e2e
 
@@ -53,15 +54,15 @@ class Reports:
         self.last: dict[str, LoadReport] = {}
 
     def wait(self, what: str, ok: Callable[[], bool], timeout: float = 5.0) -> None:
-        deadline = time.monotonic() + timeout
-        while True:
+        """Take in the reports until ``ok()``; fails naming ``what`` and the last reports."""
+
+        def take_in() -> bool:
             for r in self.receiver.poll():
                 self.counts.observe(r, r.at)
                 self.last[r.backend] = r
-            if ok():
-                return
-            assert time.monotonic() < deadline, f"{what}: last reports {self.last}"
-            time.sleep(0.02)
+            return ok()
+
+        wait_for(take_in, what, timeout=timeout, detail=lambda: f"last reports {self.last}")
 
 
 def connect(

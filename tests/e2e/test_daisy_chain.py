@@ -34,6 +34,7 @@ from xdplb.lab import Lab, cleanup_stale
 from xdplb.lab.host import attach_host
 from xdplb.lab.lbnode import LbNode
 from xdplb.lab.traffic import EchoStream, ExchangeError, http_post
+from xdplb.lab.wait import wait_for
 
 pytestmark = pytest.mark.e2e
 
@@ -88,6 +89,12 @@ def host_forwards(lab: Lab) -> int:
     return sum(h.events()[abi.HostEvent.FORWARD] for h in lab.hosts.values())
 
 
+def peer_ports(lab: Lab, backend: str) -> set[int]:
+    """Client ports of the echo connections ``backend`` still has open."""
+    out = lab.run(backend, ["ss", "-Htn", "sport = :7"]).stdout
+    return {int(line.split()[4].rsplit(":", 1)[1]) for line in out.splitlines() if line.strip()}
+
+
 def run_scenario(lab: Lab, workdir: Path, table: str) -> Outcome:
     first = {"b1": 1, "b2": 1, "b3": 1}
     nodes_at = lab.backends if lab.colocated else ["lb"]
@@ -100,16 +107,31 @@ def run_scenario(lab: Lab, workdir: Path, table: str) -> Outcome:
     stop = threading.Event()
     lock = threading.Lock()
 
-    def pump(s: EchoStream) -> None:
+    dead: set[int] = set()  # indices of the broken streams
+
+    def pump(i: int, s: EchoStream) -> None:
         try:
             while not stop.is_set():
                 s.exchange(512)
-                time.sleep(0.02)
+                time.sleep(0.02)  # pacing: 200 streams must not saturate the 2 cores
         except ExchangeError as e:
             with lock:
+                dead.add(i)
                 out.broken.append(f"{s.backend}: {e}")
 
-    threads = [threading.Thread(target=pump, args=(s,), daemon=True) for s in streams]
+    def all_exchanged(what: str) -> None:
+        """Until every stream has echoed bytes (or broken) since now."""
+        since = [s.sent for s in streams]
+        wait_for(
+            lambda: [i for i, s in enumerate(streams) if s.sent <= since[i] and i not in dead],
+            f"every stream exchanging bytes {what} (indices still silent)",
+            until=lambda silent: not silent,
+            timeout=30,
+        )
+
+    threads = [
+        threading.Thread(target=pump, args=(i, s), daemon=True) for i, s in enumerate(streams)
+    ]
     for t in threads:
         t.start()
     forwards0 = host_forwards(lab)
@@ -121,7 +143,8 @@ def run_scenario(lab: Lab, workdir: Path, table: str) -> Outcome:
             for node in nodes:  # another LB node takes over: no flow is remembered
                 with node.maps() as maps:
                     maps.flush_conns()
-            time.sleep(0.5)
+            # Every connection has been through the new tables with no flow remembered.
+            all_exchanged(f"after the change to {weights}")
             # New connections land on their bucket's (new) first hop.
             with nodes[0].maps() as maps:
                 state = model.state_from_snapshot(maps.snapshot())
@@ -141,8 +164,16 @@ def run_scenario(lab: Lab, workdir: Path, table: str) -> Outcome:
     out.forwarded = host_forwards(lab) - forwards0
     for s in streams:
         s.close()
-    # The old connections are gone: new traffic needs no later hop.
-    time.sleep(0.5)
+    # The old connections are gone: new traffic needs no later hop. (Until a backend has
+    # closed its end, the closing handshakes' packets are still forwarded. A broken
+    # stream's backend may keep its end open, silent: no packet of it is forwarded.)
+    closing = {30000 + i for i in range(STREAMS) if i not in dead}
+    wait_for(
+        lambda: closing & {p for b in lab.backends for p in peer_ports(lab, b)},
+        "the backends closing the old connections (client ports still open)",
+        until=lambda still_open: not still_open,
+        timeout=15,
+    )
     before = host_forwards(lab)
     for p in range(port, port + 50):
         http_post(client, VIP, 80, b"after", src_port=p)

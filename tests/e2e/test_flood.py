@@ -36,6 +36,7 @@ from xdplb.lab.flood import SynFlood
 from xdplb.lab.host import attach_host
 from xdplb.lab.lbnode import LbNode
 from xdplb.lab.paced import PacedStreams, one_shot
+from xdplb.lab.wait import wait_for
 
 pytestmark = pytest.mark.e2e
 
@@ -104,6 +105,13 @@ def flood_counters(node: LbNode) -> tuple[int, int, int]:
     return ev[Event.CONN_MISS], ev[Event.CONN_FLOOD], c.drops[DropReason.RATE_LIMIT]
 
 
+def cookies_sent(lab: Lab, backend: str) -> int:
+    """SYN cookies ``backend`` has sent (TcpExtSyncookiesSent of its namespace)."""
+    lines = lab.run(backend, ["cat", "/proc/net/netstat"]).stdout.splitlines()
+    names, values = (line.split()[1:] for line in lines if line.startswith("TcpExt:"))
+    return int(dict(zip(names, values, strict=True))["SyncookiesSent"])
+
+
 def test_syn_flood_keeps_legit_throughput(flood_lab: Lab, lb: LbNode) -> None:
     lab = flood_lab
     ns = lab.ns("client")
@@ -112,15 +120,25 @@ def test_syn_flood_keeps_legit_throughput(flood_lab: Lab, lb: LbNode) -> None:
         PacedStreams(ns, VIP, PORT, n=STREAMS) as streams,
     ):
         assert set(streams.backends) == set(serving(lab))
-        time.sleep(1.0)  # every stream past its first exchanges
+        wait_for(
+            lambda: [i for i, st in enumerate(streams.streams) if st.es.sent < 3 * streams.size],
+            "every stream past its first exchanges (indices with fewer than 3)",
+            until=lambda behind: not behind,
+        )
         t0 = streams.totals()
-        time.sleep(WINDOW)
+        time.sleep(WINDOW)  # the measured window: a rate is bytes over a time
         t1 = streams.totals()
         baseline = t1.rate(t0)
 
         miss0, over0, limited0 = flood_counters(lb)
+        cookies0 = {b: cookies_sent(lab, b) for b in serving(lab)}
         flood.start(seconds=WINDOW + 2)
-        time.sleep(0.5)  # the SYN queues are full and cookies are in use from here
+        # The SYN queues are full and cookies are in use from here.
+        wait_for(
+            lambda: [b for b in serving(lab) if cookies_sent(lab, b) == cookies0[b]],
+            "every backend answering with SYN cookies (backends that sent none yet)",
+            until=lambda none_yet: not none_yet,
+        )
         f0 = streams.totals()
         fresh: list[str] = []
         slowest = 0.0
@@ -128,6 +146,7 @@ def test_syn_flood_keeps_legit_throughput(flood_lab: Lab, lb: LbNode) -> None:
             t = time.monotonic()
             fresh.append(one_shot(ns, VIP, PORT, timeout=CONNECT_TIMEOUT))  # raises on failure
             slowest = max(slowest, time.monotonic() - t)
+            # Pacing: the new connections spread over the flooded window.
             time.sleep(max(0.0, WINDOW / NEW_CONNECTIONS - (time.monotonic() - t)))
         f1 = streams.totals()
         flooded = f1.rate(f0)
@@ -180,7 +199,12 @@ def test_rate_limit_contains_one_prefix(flood_lab: Lab, tmp_path: Path) -> None:
         with SynFlood(lab, VIP, PORT, prefix="198.19.7.0/24", node=ATTACKER) as flood:
             miss0, _, limited0 = flood_counters(node)
             flood.start(seconds=3.0)
-            time.sleep(0.5)
+            # A connection made while the prefix is being limited.
+            wait_for(
+                lambda: flood_counters(node)[2],
+                "the flood's prefix being rate-limited (RATE_LIMIT drops)",
+                until=lambda limited: limited > limited0,
+            )
             during = one_shot(ns, VIP, PORT, timeout=CONNECT_TIMEOUT)
             result = flood.wait()
             miss1, _, limited1 = flood_counters(node)

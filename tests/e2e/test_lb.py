@@ -14,7 +14,6 @@ import os
 import subprocess
 import sys
 import threading
-import time
 from collections import Counter
 from collections.abc import Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -28,6 +27,7 @@ from xdplb.core import abi
 from xdplb.lab import Lab
 from xdplb.lab.lbnode import LbNode
 from xdplb.lab.traffic import EchoStream, ExchangeError, http_post, udp_exchange
+from xdplb.lab.wait import wait_for
 
 pytestmark = pytest.mark.e2e
 
@@ -164,6 +164,29 @@ def test_removing_a_backend_moves_only_what_maglev_predicts(lab: Lab, lb: LbNode
         lb.reload(vips(lab))
 
 
+def conn_table(
+    lab: Lab, node: LbNode, streams: Sequence[EchoStream]
+) -> dict[int, tuple[str, int] | None]:
+    """The connection table's entry of each stream to VIP4:7, by client port: (backend
+    name, hash), None if it has none."""
+    client = lab.addr("client", 4)
+    with node.maps() as maps:
+        entries = maps.conns.entries()
+        names = names_by_id(lab, model.state_from_snapshot(maps.snapshot()))
+    out: dict[int, tuple[str, int] | None] = {}
+    for s in streams:
+        port = s.sock.getsockname()[1]
+        flow = model.Flow(client, ipaddress.ip_address(VIP4), port, 7, TCP)
+        entry = entries.get(flow.key())
+        out[port] = None if entry is None else (names.get(entry[0], f"id {entry[0]}"), entry[1])
+    return out
+
+
+def silent(streams: Sequence[EchoStream], since: Sequence[int]) -> list[int]:
+    """Client ports of the streams that have echoed no byte since their counts ``since``."""
+    return [s.sock.getsockname()[1] for s, n in zip(streams, since, strict=True) if s.sent <= n]
+
+
 def test_restarting_the_daemon_breaks_no_connection(lab: Lab, lb: LbNode) -> None:
     streams = [EchoStream.open(lab.ns("client"), VIP4, 7, src_port=p) for p in range(14000, 14040)]
     assert {s.backend for s in streams} == set(lab.backends)
@@ -178,10 +201,23 @@ def test_restarting_the_daemon_breaks_no_connection(lab: Lab, lb: LbNode) -> Non
             errors.append(str(e))
 
     threads = [threading.Thread(target=pump, args=(s,)) for s in streams]
+
+    def all_carry_bytes(when: str) -> None:
+        since = [s.sent for s in streams]
+        wait_for(
+            lambda: silent(streams, since),
+            f"every stream echoing bytes {when} (ports still silent)",
+            until=lambda ports: not ports,
+        )
+
     for t in threads:
         t.start()
     try:
-        time.sleep(0.5)
+        all_carry_bytes("before the restart")
+        # Every established connection has its entry: the backend it greeted us from.
+        before = conn_table(lab, lb, streams)
+        backends = {p: None if e is None else e[0] for p, e in before.items()}
+        assert backends == {s.sock.getsockname()[1]: s.backend for s in streams}, before
         hits_before = _event(lb, abi.Event.CONN_HIT)
         lb.stop_daemon()
         # No daemon: lb_xdp stays attached, established and new connections work.
@@ -189,18 +225,19 @@ def test_restarting_the_daemon_breaks_no_connection(lab: Lab, lb: LbNode) -> Non
         assert run_http(lab, VIP4, range(14100, 14130)) == predict(
             lab, lb, VIP4, 80, TCP, range(14100, 14130)
         )
-        time.sleep(0.3)
+        all_carry_bytes("without the daemon")
         lb.start()
-        time.sleep(0.5)
-        # The restarted daemon kept the maps: counters and connections did not reset.
-        assert _event(lb, abi.Event.CONN_HIT) > hits_before
+        # The restarted daemon kept the maps: the same entries, flow for flow (backend
+        # and hash), and the connections go on carrying bytes through them.
+        assert conn_table(lab, lb, streams) == before
+        all_carry_bytes("after the restart")
+        assert conn_table(lab, lb, streams) == before
+        assert _event(lb, abi.Event.CONN_HIT) > hits_before  # and the counters were kept
     finally:
         stop.set()
         for t in threads:
             t.join(10)
     assert not errors, errors
-    sent = [s.sent for s in streams]
-    assert min(sent) > 0
     for s in streams:
         s.exchange()
         s.close()
@@ -214,10 +251,12 @@ def test_a_bad_reload_changes_nothing(lab: Lab, lb: LbNode) -> None:
     lb.config_path.write_text(bad)
     assert lb.proc is not None
     lb.proc.send_signal(1)  # SIGHUP
-    deadline = time.monotonic() + 5
-    while "vips[3].backends[0].weight" not in lb.log_tail():
-        assert time.monotonic() < deadline, lb.log_tail()
-        time.sleep(0.05)
+    wait_for(
+        lb.log_tail,
+        "the daemon refusing vips[3].backends[0].weight in its log",
+        until=lambda log: "vips[3].backends[0].weight" in log,
+        timeout=5,
+    )
     assert state_of(lb).backends == before.backends
     assert run_http(lab, VIP4, range(15000, 15030)) == predict(
         lab, lb, VIP4, 80, TCP, range(15000, 15030)

@@ -6,7 +6,6 @@ keeps serving, and a restart with changed limits refused until ``xdplb stop``.""
 from __future__ import annotations
 
 import signal
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -17,6 +16,7 @@ from xdplb.core.errors import LabError
 from xdplb.lab import Lab
 from xdplb.lab.lbnode import LbNode
 from xdplb.lab.traffic import EchoStream
+from xdplb.lab.wait import wait_for
 
 pytestmark = pytest.mark.e2e
 
@@ -52,10 +52,7 @@ def fill(lb: LbNode) -> dict[str, tuple[int, int]]:
 
 
 def test_fill_levels_move_and_limits_cannot_change_while_running(lab: Lab, lb: LbNode) -> None:
-    t0 = time.perf_counter()
     before = fill(lb)
-    status_s = time.perf_counter() - t0
-    assert status_s < 1.0, f"status took {status_s:.3f} s"
     assert before["lb_vips"] == (1, 16)
     assert before["lb_vip_addrs"] == (1, 8)
     assert before["lb_tables"] == (1, 8)
@@ -101,10 +98,11 @@ def test_fill_levels_move_and_limits_cannot_change_while_running(lab: Lab, lb: L
         lb.write(vips(lab, ["b1", "b2"], extra=True), limits={**LIMITS, "vips": 4})
         assert lb.proc is not None
         lb.proc.send_signal(signal.SIGHUP)
-        deadline = time.monotonic() + 10
-        while "limits.vips: cannot change while running (8 -> 4)" not in lb.log_tail(50):
-            assert time.monotonic() < deadline, lb.log_tail()
-            time.sleep(0.05)
+        wait_for(
+            lambda: lb.log_tail(50),
+            "the daemon refusing limits.vips in its log",
+            until=lambda log: "limits.vips: cannot change while running (8 -> 4)" in log,
+        )
         for s in streams:
             s.exchange(64)  # every connection still served, by the same backend
         assert fill(lb)["lb_vips"] == (2, 16)

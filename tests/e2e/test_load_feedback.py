@@ -4,7 +4,6 @@ the live table away from the loaded backend, and only for the VIP that asked for
 from __future__ import annotations
 
 import socket
-import time
 from collections.abc import Iterator
 
 import pytest
@@ -12,6 +11,7 @@ import pytest
 from xdplb.agent.wire import WireReport, encode_report
 from xdplb.lab import Lab
 from xdplb.lab.lbnode import LbNode
+from xdplb.lab.wait import wait_for
 
 pytestmark = pytest.mark.e2e
 
@@ -63,21 +63,32 @@ def report(lab: Lab, backend: str, cpu: float, seq: int) -> None:
 
 
 def test_a_loaded_backend_loses_weight(lab: Lab, lb: LbNode) -> None:
-    deadline = time.monotonic() + 10
-    while len(shares(lb, 80)) < 3:
-        assert time.monotonic() < deadline, lb.log_tail()
-        time.sleep(0.1)
+    wait_for(
+        lambda: shares(lb, 80),
+        "three backends in the table",
+        until=lambda sh: len(sh) == 3,
+        detail=lb.log_tail,
+    )
     b1 = str(lab.addr("b1"))
     assert shares(lb, 80)[b1] == pytest.approx(1 / 3, abs=0.01)
-    seq = 1
-    deadline = time.monotonic() + 15
-    while shares(lb, 80)[b1] > 0.25:
-        assert time.monotonic() < deadline, f"{shares(lb, 80)}\n{lb.log_tail()}"
+    seq = iter(range(1, 1 << 30))
+
+    def reports_then_shares() -> dict[str, float]:
+        """One round of reports (b1 loaded, the others not), then the table."""
+        n = next(seq)
         for name, cpu in (("b1", 0.9), ("b2", 0.3), ("b3", 0.3)):
-            report(lab, name, cpu, seq)
-        seq += 1
-        time.sleep(0.2)
-    after = shares(lb, 80)
+            report(lab, name, cpu, n)
+        return shares(lb, 80)
+
+    # Reports every 0.2 s, as agents send them, until the table has moved.
+    after = wait_for(
+        reports_then_shares,
+        "b1's share below 0.25",
+        until=lambda sh: sh.get(b1, 0.0) <= 0.25,
+        timeout=15,
+        interval=0.2,
+        detail=lb.log_tail,
+    )
     b2, b3 = after[str(lab.addr("b2"))], after[str(lab.addr("b3"))]
     # What b1 lost went to the others. Each report moves one backend's weight, so the
     # table may be read between b2's step and b3's: neither lost any share (Maglev

@@ -36,6 +36,7 @@ from xdplb.lab.lbnode import LbNode
 from xdplb.lab.listeners import BackendListeners
 from xdplb.lab.topology import IPV6_MIN_MTU
 from xdplb.lab.traffic import open_socket
+from xdplb.lab.wait import wait_for
 
 pytestmark = pytest.mark.e2e
 
@@ -110,10 +111,13 @@ def transfer(lab: Lab, vip: str, src_port: int, wait: float) -> Transfer:
 
 def wait_gone(lab: Lab, backend: str, client_port: int, timeout: float = 5.0) -> None:
     """Until ``backend`` has no socket of the connection from ``client_port``."""
-    deadline = time.monotonic() + timeout
-    while lab.run(backend, ["ss", "-Htn", f"dport = :{client_port}"]).stdout.strip():
-        assert time.monotonic() < deadline, f"{backend} still has the connection"
-        time.sleep(0.05)
+    wait_for(
+        lambda: lab.run(backend, ["ss", "-Htn", f"dport = :{client_port}"]).stdout.strip(),
+        f"{backend} dropping the connection from port {client_port}",
+        until=lambda sockets: not sockets,
+        timeout=timeout,
+        interval=0.05,
+    )
 
 
 def route_mtu(lab: Lab, node: str, family: int) -> int | None:

@@ -10,8 +10,8 @@ from __future__ import annotations
 import os
 import stat
 import subprocess
-import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -20,6 +20,7 @@ from xdplb.daemon import privileges
 from xdplb.lab import Lab
 from xdplb.lab.lbnode import LbNode
 from xdplb.lab.traffic import EchoStream
+from xdplb.lab.wait import wait_for
 
 pytestmark = pytest.mark.e2e
 
@@ -64,19 +65,24 @@ def test_daemon_keeps_only_what_it_needs(lab: Lab, tmp_path: Path) -> None:
         procs[0].kill()  # b1's servers: its checks (through the tunnel) must fail
         procs[0].wait()
         with node.api() as api:
-            deadline = time.monotonic() + 10
-            while True:
-                st = api.get("/api/v1/status").json()
-                vips = {v["name"]: v for v in st["vips"]}
-                health = {
-                    b["address"]: b for b in vips.get(f"{VIP}:80/tcp", {}).get("backends", [])
-                }
-                b1 = health.get(str(lab.addr("b1")))
+
+            def vips_now() -> dict[str, Any]:
+                return {v["name"]: v for v in api.get("/api/v1/status").json()["vips"]}
+
+            def b1_down_in_both(vips: dict[str, Any]) -> bool:
+                new = vips.get(f"{VIP}:80/tcp", {}).get("backends", [])
+                b1 = next((b for b in new if b["address"] == str(lab.addr("b1"))), None)
                 echo_b1 = vips[f"{VIP}:7/tcp"]["backends"][0]
-                if b1 is not None and b1["health"] == echo_b1["health"] == "down":
-                    break
-                assert time.monotonic() < deadline, (st, node.log_tail())
-                time.sleep(0.1)
+                return b1 is not None and b1["health"] == echo_b1["health"] == "down"
+
+            vips = wait_for(
+                vips_now,
+                "b1 down for both VIPs",
+                until=b1_down_in_both,
+                interval=0.1,
+                detail=node.log_tail,
+            )
+            health = {b["address"]: b for b in vips[f"{VIP}:80/tcp"]["backends"]}
             others = [b for a, b in health.items() if a != str(lab.addr("b1"))]
             # The others answered their checks: up, and a check ran.
             assert all(b["health"] == "up" and b["health_detail"] for b in others), [

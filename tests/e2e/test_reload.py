@@ -14,6 +14,7 @@ import pytest
 from xdplb.lab import Lab
 from xdplb.lab.lbnode import LbNode
 from xdplb.lab.traffic import EchoStream, ExchangeError
+from xdplb.lab.wait import wait_for
 
 pytestmark = pytest.mark.e2e
 
@@ -72,8 +73,14 @@ class Streams:
     def wait_rounds(self, n: int = 2) -> None:
         """Until every stream has exchanged bytes ``n`` more times."""
         target = self.rounds + n
-        while self.rounds < target and self._thread.is_alive():
-            self._stop.wait(0.01)
+        wait_for(
+            lambda: self.rounds,
+            f"{n} more rounds of exchanges (to round {target})",
+            until=lambda rounds: rounds >= target or not self._thread.is_alive(),
+            interval=0.01,
+            detail=lambda: f"broken: {self.broken}",
+        )
+        assert self._thread.is_alive(), "the streams' thread died"
 
     def __exit__(self, *exc: object) -> None:
         self._stop.set()

@@ -37,6 +37,7 @@ from xdplb.control.status import (
 )
 from xdplb.lab import Lab, netns
 from xdplb.lab.browser import Browser
+from xdplb.lab.wait import wait_for
 
 pytestmark = pytest.mark.e2e
 
@@ -263,10 +264,8 @@ def served(lab_factory: Callable[..., Lab]) -> Iterator[tuple[Lab, FakeDaemon, i
     server = uvicorn.Server(uvicorn.Config(make_app(daemon), log_level="warning", access_log=False))
     thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
     thread.start()
-    deadline = time.monotonic() + 5
-    while not server.started:
-        assert thread.is_alive() and time.monotonic() < deadline, "uvicorn did not start"
-        time.sleep(0.02)
+    wait_for(lambda: server.started or not thread.is_alive(), "uvicorn starting", timeout=5)
+    assert thread.is_alive(), "uvicorn died"
     yield lab, daemon, port
     server.should_exit = True
     thread.join(timeout=5)

@@ -24,6 +24,7 @@ from xdplb.cli.client import Client, NotRunning, parse_vip
 from xdplb.control.status import Status
 from xdplb.core.paths import api_socket
 from xdplb.daemon.api import create_app
+from xdplb.lab.wait import wait_for
 
 pytestmark = pytest.mark.unit
 
@@ -53,11 +54,8 @@ def serve(
     )
     t = threading.Thread(target=server.run, daemon=True)
     t.start()
-    deadline = time.monotonic() + 5
-    while not server.started:
-        assert time.monotonic() < deadline, "uvicorn did not start"
-        assert t.is_alive(), "uvicorn died"
-        time.sleep(0.01)
+    wait_for(lambda: server.started or not t.is_alive(), "uvicorn starting", timeout=5)
+    assert t.is_alive(), "uvicorn died"
     try:
         yield server
     finally:
@@ -224,10 +222,8 @@ def test_drain_wait_returns_once_the_agent_reports_none_left(served: Served) -> 
     fake = served.fake
 
     def agent() -> None:  # reports 0.3 s after the drain began
-        deadline = time.monotonic() + 5
-        while (VIP, "198.18.0.11") not in fake.drains and time.monotonic() < deadline:
-            time.sleep(0.005)
-        time.sleep(0.3)
+        wait_for(lambda: (VIP, "198.18.0.11") in fake.drains, "the drain beginning", interval=0.005)
+        time.sleep(0.3)  # the scenario: the CLI must wait for a report that comes later
         fake.report(VIP, "198.18.0.11", 0)
 
     t = threading.Thread(target=agent)
@@ -244,7 +240,8 @@ def test_drain_wait_returns_once_the_agent_reports_none_left(served: Served) -> 
     )
     m = re.fullmatch(rf"backend 198\.18\.0\.11 of {re.escape(VIP)} drained in ([0-9.]+) s", last)
     assert m is not None, last
-    assert 0.3 <= float(m[1]) <= took < 2
+    # It returned on the report (at its --timeout it would have exited EXIT_RUNTIME).
+    assert 0.3 <= float(m[1]) <= took
     assert fake.status().vips[0].backends[0].admin == "drained"
     code, out, _ = xdplb("backend", "enable", VIP, "198.18.0.11")
     assert (code, out) == (
@@ -259,7 +256,7 @@ def test_drain_wait_times_out(served: Served) -> None:
     start = time.monotonic()
     code, _, err = xdplb("backend", "drain", VIP, "198.18.0.12", "--wait", "--timeout", "0.4")
     assert code == EXIT_RUNTIME
-    assert 0.4 <= time.monotonic() - start < 2
+    assert time.monotonic() - start >= 0.4  # it waited its --timeout
     assert "no agent reports for backend 198.18.0.12" in err
     # An agent reports, but connections stay open.
     served.fake.report(VIP, "198.18.0.12", 5)

@@ -1,7 +1,8 @@
 """HealthMonitor with a fake check function: hysteresis, schedule, target changes, limits.
 
-Intervals are tens of milliseconds and every wait is bounded, so each test takes well
-under a second or two.
+The monitor runs on an event loop with a virtual clock that jumps to the next timer
+(:class:`VirtualTimeLoop`): its schedule is asserted exactly, however busy the machine, and
+every wait is still bounded in real time.
 """
 
 from __future__ import annotations
@@ -10,20 +11,23 @@ import asyncio
 import collections
 import itertools
 import random
+import selectors
 import statistics
 from collections.abc import Awaitable, Callable, Hashable
 from ipaddress import IPv4Address
-from typing import Any
+from typing import Any, TypeVar
 
 import pytest
 
 from xdplb.config.health import HealthCheckConfig
 from xdplb.health.checkers import CheckResult, Target
 from xdplb.health.monitor import HealthMonitor
+from xdplb.lab.wait import wait_for_async
 
 pytestmark = pytest.mark.unit
 
 ADDR = IPv4Address("198.18.0.11")
+T = TypeVar("T")
 
 
 def target(key: Hashable, port: int = 80, **check: Any) -> Target:
@@ -34,8 +38,36 @@ def target(key: Hashable, port: int = 80, **check: Any) -> Target:
     return Target(key=key, backend=ADDR, address=ADDR, port=port, check=cfg)
 
 
-def run_for(monitor: HealthMonitor, body: Callable[[], Awaitable[None]]) -> None:
-    """Run the monitor while ``body`` runs, then cancel it (bounded: 10 s)."""
+class _JumpingSelector(selectors.DefaultSelector):
+    """A selector that never sleeps: a wait for the next timer moves the clock there."""
+
+    def __init__(self, clock: list[float]) -> None:
+        super().__init__()
+        self.clock = clock
+
+    def select(self, timeout: float | None = None) -> list[tuple[selectors.SelectorKey, int]]:
+        if timeout is not None and timeout > 0:
+            self.clock[0] += timeout
+            timeout = 0
+        return super().select(timeout)
+
+
+class VirtualTimeLoop(asyncio.SelectorEventLoop):
+    """An event loop on a virtual clock that jumps to the next timer: the monitor's
+    schedule (it reads only ``loop.time()``) is seen exactly, however busy the machine,
+    and a test of seconds of checks takes milliseconds."""
+
+    def __init__(self) -> None:
+        self._clock = [0.0]
+        super().__init__(_JumpingSelector(self._clock))
+
+    def time(self) -> float:
+        return self._clock[0]
+
+
+def run_for(monitor: HealthMonitor, body: Callable[[], Awaitable[object]]) -> None:
+    """Run the monitor while ``body`` runs, then cancel it (bounded: 10 virtual seconds),
+    on a :class:`VirtualTimeLoop`."""
 
     async def main() -> None:
         task = asyncio.create_task(monitor.run())
@@ -47,13 +79,13 @@ def run_for(monitor: HealthMonitor, body: Callable[[], Awaitable[None]]) -> None
             with pytest.raises(asyncio.CancelledError):
                 await task
 
-    asyncio.run(main())
+    with asyncio.Runner(loop_factory=VirtualTimeLoop) as runner:
+        runner.run(main())
 
 
-async def wait_until(cond: Callable[[], bool], timeout: float = 5.0) -> None:
-    async with asyncio.timeout(timeout):
-        while not cond():
-            await asyncio.sleep(0.005)
+async def until(read: Callable[[], T], what: str, cond: Callable[[T], object]) -> T:
+    """Until ``cond(read())``: fails after 5 s of real time naming ``what``."""
+    return await wait_for_async(read, what, until=cond, timeout=5.0)
 
 
 class Changes:
@@ -80,7 +112,7 @@ def test_rise_and_fall_counts_exactly() -> None:
         r = next(results, None)
         if r is None:
             done.set()
-            await asyncio.sleep(3600)
+            await asyncio.sleep(3600)  # the script is over: a check that never ends
         return CheckResult(r == "S", f"fake {r}", 0.001)
 
     changes = Changes()
@@ -118,11 +150,11 @@ def test_first_checks_spread_over_the_first_interval() -> None:
     async def body() -> None:
         nonlocal loop_start
         loop_start = asyncio.get_running_loop().time()
-        await wait_until(lambda: len(first) == n)
+        await until(lambda: len(first), f"a first check of all {n}", lambda k: k == n)
 
     run_for(m, body)
     times = sorted(first.values())
-    assert times[-1] < interval + 0.05
+    assert times[-1] < interval
     # Uniform over [0, 0.4): every tenth of the interval gets some, none gets most.
     bins = collections.Counter(min(int(t / interval * 10), 9) for t in times)
     assert sorted(bins) == list(range(10))
@@ -138,10 +170,10 @@ def test_jitter_varies_each_interval_within_bounds() -> None:
 
     m = HealthMonitor(lambda k, up: None, check=check, rng=random.Random(1))
     m.set_targets([target("a", interval_ms=60, timeout_ms=50, jitter=0.5)])
-    run_for(m, lambda: wait_until(lambda: len(starts) >= 16))
+    run_for(m, lambda: until(lambda: len(starts), "16 checks", lambda k: k >= 16))
     gaps = [b - a for a, b in itertools.pairwise(starts)]
-    # 60 ms x (1 +- 0.5): within [30, 90] ms, plus the timer slack of a busy machine.
-    assert all(0.029 <= g <= 0.15 for g in gaps), gaps
+    # 60 ms x (1 +- 0.5): within [30, 90] ms (the clock is virtual: no timer slack).
+    assert all(0.03 - 1e-9 <= g <= 0.09 + 1e-9 for g in gaps), gaps
     assert statistics.pstdev(gaps) > 0.005  # not a fixed period
 
 
@@ -160,8 +192,10 @@ def test_set_targets_keeps_unchanged_replaces_changed_drops_missing() -> None:
     m.set_targets([a, b, c])
 
     async def body() -> None:
-        await wait_until(lambda: all(not s.up for k, s in m.states().items() if k != "a"))
-        await wait_until(lambda: calls["a"] >= 3)
+        await until(
+            m.states, "b and c down", lambda st: all(not s.up for k, s in st.items() if k != "a")
+        )
+        await until(lambda: calls["a"], "three checks of a", lambda k: k >= 3)
         before = m.states()
         # a: equal (a new but equal object); b: another port; c: gone; d: new.
         m.set_targets([target("a"), target("b", port=81), target("d")])
@@ -180,8 +214,8 @@ def test_set_targets_keeps_unchanged_replaces_changed_drops_missing() -> None:
         c_calls = calls["c"]
         a_total = before["a"].checks_total
         failing.discard("b")  # b now answers: up after rise_count (2) checks
-        await wait_until(lambda: m.state("b").up)  # type: ignore[union-attr]
-        await wait_until(lambda: m.state("d").checked)  # type: ignore[union-attr]
+        await until(lambda: m.state("b"), "b up", lambda st: st is not None and st.up)
+        await until(lambda: m.state("d"), "d checked", lambda st: st is not None and st.checked)
         assert calls["c"] == c_calls  # no check of a dropped target
         assert m.state("a").checks_total > a_total  # type: ignore[union-attr]
 
@@ -202,14 +236,14 @@ def test_unchanged_target_keeps_its_schedule() -> None:
     m.set_targets([target("a", interval_ms=200, timeout_ms=100)])
 
     async def body() -> None:
-        await wait_until(lambda: len(starts) == 1)
+        await until(lambda: len(starts), "the first check", lambda k: k == 1)
         for _ in range(20):  # a reload storm of the same target must not add checks
             m.set_targets([target("a", interval_ms=200, timeout_ms=100)])
-            await asyncio.sleep(0.01)
-        await wait_until(lambda: len(starts) == 3)
+            await asyncio.sleep(0.01)  # the storm's pace: 20 reloads over one interval
+        await until(lambda: len(starts), "three checks", lambda k: k == 3)
 
     run_for(m, body)
-    assert starts[1] - starts[0] >= 0.195 and starts[2] - starts[1] >= 0.195
+    assert [b - a for a, b in itertools.pairwise(starts)] == pytest.approx([0.2, 0.2])
 
 
 def test_overrunning_checks_of_one_target_never_overlap() -> None:
@@ -230,10 +264,10 @@ def test_overrunning_checks_of_one_target_never_overlap() -> None:
 
     m = HealthMonitor(lambda k, up: None, check=slow)
     m.set_targets([target("a"), target("b")])
-    run_for(m, lambda: wait_until(lambda: len(starts) >= 5))
+    run_for(m, lambda: until(lambda: len(starts), "five checks of a", lambda k: k >= 5))
     assert most == {"a": 1, "b": 1}
     gaps = [y - x for x, y in itertools.pairwise(starts)]
-    assert all(0.115 <= g < 0.3 for g in gaps), gaps  # back to back
+    assert gaps == pytest.approx([0.12] * len(gaps)), gaps  # back to back
 
 
 def test_concurrency_is_bounded_and_nothing_starves() -> None:
@@ -246,7 +280,7 @@ def test_concurrency_is_bounded_and_nothing_starves() -> None:
         now += 1
         peak = max(peak, now)
         try:
-            await asyncio.sleep(0.02)
+            await asyncio.sleep(0.02)  # what a check costs: 20 ms
         finally:
             now -= 1
         seen[t.key] += 1
@@ -261,10 +295,14 @@ def test_concurrency_is_bounded_and_nothing_starves() -> None:
             while True:
                 queued.append(m.queued)
                 assert m.in_flight <= 5
-                await asyncio.sleep(0.003)
+                await asyncio.sleep(0.003)  # the watch's sampling period
 
         w = asyncio.create_task(watch())
-        await wait_until(lambda: len(seen) == 40 and min(seen.values()) >= 2)
+        await until(
+            lambda: dict(seen),
+            "two checks of each of 40 targets",
+            lambda got: len(got) == 40 and min(got.values()) >= 2,
+        )
         w.cancel()
 
     run_for(m, body)
@@ -280,7 +318,7 @@ def test_cancelling_run_cancels_checks_in_flight() -> None:
     async def hang(t: Target) -> CheckResult:
         started.set()
         try:
-            await asyncio.sleep(3600)
+            await asyncio.sleep(3600)  # a check that hangs until cancelled
         except asyncio.CancelledError:
             cancelled.append(t.key)
             raise
@@ -306,7 +344,12 @@ def test_a_raising_checker_counts_as_failure_and_a_raising_callback_is_survived(
 
     m = HealthMonitor(on_change, check=broken)
     m.set_targets([target("a", fall_count=2)])
-    run_for(m, lambda: wait_until(lambda: m.state("a").checks_total >= 4))  # type: ignore[union-attr]
+    run_for(
+        m,
+        lambda: until(
+            lambda: m.state("a"), "four checks", lambda st: st is not None and st.checks_total >= 4
+        ),
+    )
     assert calls == [("a", False)]
     s = m.state("a")
     assert s is not None and not s.up

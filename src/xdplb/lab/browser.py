@@ -31,7 +31,6 @@ import shutil
 import subprocess
 import tempfile
 import threading
-import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
@@ -39,6 +38,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 from xdplb.core.closing import Closing
 from xdplb.core.errors import LabError
 from xdplb.lab import netns
+from xdplb.lab.wait import wait_for
 
 if TYPE_CHECKING:
     from selenium import webdriver
@@ -263,7 +263,6 @@ class Browser(Closing):
 
         # Raised while the page is still changing under a condition: tried again.
         retry = (ElementMissing, NoSuchElementException, StaleElementReferenceException)
-        deadline = time.monotonic() + (self.timeout if timeout is None else timeout)
         if isinstance(what, str):
             css = what
 
@@ -277,19 +276,14 @@ class Browser(Closing):
         else:
             cond = what
             desc = getattr(what, "__name__", "condition")
-        last: Any = None
-        while True:
-            try:
-                last = cond(self)
-                if last:
-                    return last  # type: ignore[no-any-return]
-            except retry as exc:
-                last = exc
-            if time.monotonic() >= deadline:
-                state = self._page_state()
-                why = f"{message}: " if message else ""
-                raise LabError(f"{why}timed out waiting for {desc}; last: {last!r}; {state}")
-            time.sleep(POLL_INTERVAL)
+        return wait_for(  # type: ignore[no-any-return]
+            lambda: cond(self),
+            f"{message}: {desc}" if message else desc,
+            timeout=self.timeout if timeout is None else timeout,
+            interval=POLL_INTERVAL,
+            retry=retry,
+            detail=self._page_state,
+        )
 
     def _page_state(self) -> str:
         try:

@@ -10,7 +10,6 @@ from __future__ import annotations
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 from typing import Any
 
@@ -24,6 +23,7 @@ from xdplb.core.errors import LabError
 from xdplb.core.paths import api_socket
 from xdplb.datapath.lb import LbMaps, destroy
 from xdplb.lab.topology import Lab
+from xdplb.lab.wait import wait_for
 
 
 class LbNode:
@@ -97,14 +97,21 @@ class LbNode:
         (a SIGHUP before would kill it) and it has applied its configuration once."""
         from xdplb.daemon.main import read_pid
 
-        assert self.proc is not None
-        deadline = time.monotonic() + timeout
-        while read_pid(self.instance) != self.proc.pid:
-            if self.proc.poll() is not None:
+        proc = self.proc
+        assert proc is not None
+
+        def pid() -> int | None:
+            if proc.poll() is not None:
                 raise LabError(f"the LB daemon exited: {self.log_tail()}")
-            if time.monotonic() > deadline:
-                raise LabError(f"the LB daemon did not start: {self.log_tail()}")
-            time.sleep(0.02)
+            return read_pid(self.instance)
+
+        wait_for(
+            pid,
+            f"the LB daemon (pid {proc.pid}) writing its pid file",
+            until=lambda p: p == proc.pid,
+            timeout=timeout,
+            detail=self.log_tail,
+        )
 
     def stop_daemon(self, timeout: float = 10.0) -> None:
         """SIGTERM the daemon: it exits and leaves lb_xdp attached (a restart/upgrade)."""
@@ -131,23 +138,29 @@ class LbNode:
     def wait_applied(self, timeout: float) -> None:
         """Until a plan against the pinned maps is empty: the daemon applied our config."""
         cfg = self.config
-        deadline = time.monotonic() + timeout
-        while True:
+
+        def pending() -> tuple[int, bool] | None:
+            """Steps of the plan still to do and whether lb_xdp is attached (None: no
+            pins yet)."""
             if self.proc is not None and self.proc.poll() is not None:
                 raise LabError(f"the LB daemon exited: {self.log_tail()}")
             try:
                 maps = LbMaps.from_pins(paths.pin_root(self.instance))
             except FileNotFoundError:
-                pass
-            else:
-                try:
-                    if not planner.plan(cfg, maps.snapshot()) and self._attached():
-                        return
-                finally:
-                    maps.close()
-            if time.monotonic() > deadline:
-                raise LabError(f"the LB daemon did not apply its config: {self.log_tail()}")
-            time.sleep(0.05)
+                return None
+            try:
+                return len(planner.plan(cfg, maps.snapshot())), self._attached()
+            finally:
+                maps.close()
+
+        wait_for(
+            pending,
+            "the LB daemon applying its configuration (plan steps left, attached)",
+            until=lambda p: p == (0, True),
+            timeout=timeout,
+            interval=0.05,
+            detail=self.log_tail,
+        )
 
     def _attached(self) -> bool:
         return (paths.pin_root(self.instance) / "links" / "xdp_eth0").exists()

@@ -51,6 +51,7 @@ from xdplb.lab.paced import BrokenStream, PacedStreams
 from xdplb.lab.registry import cleanup_stale
 from xdplb.lab.topology import Lab
 from xdplb.lab.traffic import ExchangeError, http_post, udp_exchange
+from xdplb.lab.wait import wait_for
 
 VIP4 = "198.18.100.1"
 VIP6 = "fd78:6470:6c62:100::1"
@@ -171,16 +172,19 @@ class Soak:
 
     def _wait_healthy(self, timeout: float = 20.0) -> None:
         """Until the health checks have seen every backend of every VIP up."""
-        deadline = time.monotonic() + timeout
         with self.lb.api() as api:
-            while True:
+
+            def health() -> list[str | None]:
                 st = api.get("/api/v1/status").json()
-                health = [b.get("health") for v in st["vips"] for b in v["backends"]]
-                if health and all(h == "up" for h in health):
-                    return
-                if time.monotonic() > deadline:
-                    raise LabError(f"backends not healthy after {timeout} s: {health}")
-                time.sleep(0.1)
+                return [b.get("health") for v in st["vips"] for b in v["backends"]]
+
+            wait_for(
+                health,
+                "every backend healthy",
+                until=lambda h: bool(h) and all(x == "up" for x in h),
+                timeout=timeout,
+                interval=0.1,
+            )
 
     # -- load -------------------------------------------------------------------------
 
