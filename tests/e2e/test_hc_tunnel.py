@@ -61,7 +61,6 @@ def hc_lab() -> Iterator[HcLab]:
         for name in lab.backends:
             attach_host(lab, name)
         lab.start_servers()
-        lab.run("lb", ["ethtool", "-K", "eth0", "tx", "off"])
         instance = f"{lab.prefix}-hc"
         lab.pin_root("hc")  # registered: the lab removes it at teardown
         with lab.enter("lb"):
