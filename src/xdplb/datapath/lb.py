@@ -14,7 +14,7 @@ import shutil
 import socket
 import struct
 from collections.abc import Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from xdplb.core import abi, limits, mapops, paths
@@ -321,8 +321,11 @@ class LbMaps(Closing):
         """Entries / max entries of every map sized by ``limits`` that this instance has.
         ``snap``: a fresh snapshot (VIPs, backends and tables are counted from it);
         ``conns_used``: the connection table's count if the caller has one (else
-        estimated from a sample). Hash maps sized by traffic (ACLs, rate limit) are
-        counted with a batch lookup or a key walk."""
+        estimated from a sample). An array always holds max_entries slots: its entries
+        are the slots the ids in use occupy (backend ids, VIP ids, ACL scopes), never
+        max_entries. Hash maps sized by traffic (ACLs, rate limit) are counted with a
+        batch lookup or a key walk. lb_nexthops, not pinned, is reported from the pins
+        too: its size is lb_backends'."""
         conns = self.conns
         used_conns = conns.estimate_count() if conns_used is None else conns_used
         vip_ids = {p.vip_id for p in snap.vips.values()} | set(snap.tables)
@@ -339,19 +342,34 @@ class LbMaps(Closing):
             "lb_vip_stats": len(vip_ids),
             "lb_backends": active,
             "lb_be_stats": active,
+            "lb_nexthops": active,
+            # A slot per VIP id and the global one, a counter per list in each.
+            "lb_acl_hits": (len(vip_ids) + 1) * len(abi.AclList),
         }
         out = []
         for name in limits.SIZED_MAPS:
-            m = self.maps.get(name)
-            if m is None:
+            size = self._max_entries(name)
+            if size is None:
                 continue
             if name == "lb_conns":
                 out.append(MapFill(name, used_conns, conns.capacity, conns_used is None))
             elif name in counted:
-                out.append(MapFill(name, counted[name], m.max_entries))
+                out.append(MapFill(name, counted[name], size))
             else:
-                out.append(MapFill(name, m.count(), m.max_entries))
+                out.append(MapFill(name, self[name].count(), size))
         return out
+
+    def _max_entries(self, name: str) -> int | None:
+        """max_entries of map ``name``; for one this process has not (lb_nexthops from
+        the pins), that of a map sized alike from the same ``limits`` field; None if
+        neither."""
+        if (m := self.maps.get(name)) is not None:
+            return m.max_entries
+        want = limits.SIZED_MAPS[name]
+        for other, sized in limits.SIZED_MAPS.items():
+            if other in self.maps and sized == replace(want, name=other):
+                return self.maps[other].max_entries
+        return None
 
     def flush_conns(self) -> int:
         """Empty the connection table (as if another LB node took over); returns entries."""
