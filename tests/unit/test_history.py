@@ -6,8 +6,10 @@ from __future__ import annotations
 
 import pytest
 from fake_controller import FakeController
+from fastapi.testclient import TestClient
 
 from xdplb.control.status import Status
+from xdplb.daemon.api import create_app
 from xdplb.daemon.history import History
 
 pytestmark = pytest.mark.unit
@@ -106,3 +108,24 @@ def test_bad_sizes_are_refused() -> None:
         History(interval=0)
     with pytest.raises(ValueError, match="must be positive"):
         History(length=0)
+
+
+def test_the_api_serves_the_history_behind_the_token() -> None:
+    h = History()
+    for t in range(4):
+        h.add(float(t), at({B1: 10 * t}))
+    app = create_app(FakeController(), token="s3cret-token-0123", history=h)
+    with TestClient(app, raise_server_exceptions=False) as c:
+        assert c.get("/api/v1/history").status_code == 401
+        auth = {"Authorization": "Bearer s3cret-token-0123"}
+        got = c.get("/api/v1/history", headers=auth).json()
+        assert got == h.view().model_dump(mode="json")
+        assert got["times"] == [1.0, 2.0, 3.0] and got["backends"][B1]["packets"] == [10.0] * 3
+        newer = c.get("/api/v1/history", params={"since": 2.0}, headers=auth).json()
+        assert newer["times"] == [3.0]
+        for bad in ("soon", "nan", "inf"):
+            r = c.get("/api/v1/history", params={"since": bad}, headers=auth)
+            assert r.status_code == 400 and r.json()["field"] == "since", (bad, r.text)
+    # The daemon without samples yet (and the spec's app): an empty history.
+    with TestClient(create_app(FakeController(), token="s3cret-token-0123")) as c:
+        assert c.get("/api/v1/history", headers=auth).json()["times"] == []

@@ -159,6 +159,9 @@ class Status(_Out):
     """Health checks completed since the daemon started; None from the pins."""
     acl: list[AclHits] = []
     """ACL hits of the global scope and of every VIP that has rules or hits."""
+    last_reload_error: str | None = None
+    """Why the last reload was refused (what it would have dropped, or the file's error);
+    None once one applies."""
 
 
 # -- the builder's inputs ----------------------------------------------------------------

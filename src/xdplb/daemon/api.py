@@ -59,6 +59,7 @@ from xdplb.control.interface import AclView, ChangeResult, Controller, DrainStat
 from xdplb.control.status import AclHits, BackendStatus, Status, VipStatus
 from xdplb.core.addresses import IPAddress
 from xdplb.core.errors import ConfigError
+from xdplb.daemon.history import History, HistoryView
 from xdplb.daemon.metrics import Metrics
 
 log = logging.getLogger("xdplb.daemon.api")
@@ -292,11 +293,17 @@ def _local_peer(request: Request) -> bool:
 
 
 def create_app(
-    ctl: Controller, *, token: str | None = None, metrics: Metrics | None = None
+    ctl: Controller,
+    *,
+    token: str | None = None,
+    metrics: Metrics | None = None,
+    history: History | None = None,
 ) -> FastAPI:
     """The API of ``ctl``. ``token``: the bearer token every data route requires (None:
-    no authentication, for a unix socket only root can reach)."""
+    no authentication, for a unix socket only root can reach); ``history``: the rates the
+    daemon samples (None: an empty one)."""
     metrics = metrics if metrics is not None else Metrics(ctl)
+    history = history if history is not None else History()
     want = token.encode() if token is not None else None
 
     async def auth(
@@ -357,6 +364,15 @@ def create_app(
     @api.get("/status", summary="Everything the daemon knows: VIPs, backends, counters")
     async def get_status() -> Status:
         return _guard(ctl.status)
+
+    @api.get("/history", summary="Per-second rates of every VIP and backend, last minute")
+    async def get_history(
+        since: Annotated[
+            float | None,
+            Query(allow_inf_nan=False, description="only intervals ending after this time"),
+        ] = None,
+    ) -> HistoryView:
+        return history.view(since)
 
     @api.get("/config", summary="The running configuration, API changes included")
     async def get_config() -> Config:

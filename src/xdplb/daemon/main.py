@@ -40,6 +40,7 @@ from xdplb.core import paths
 from xdplb.core.errors import ConfigError
 from xdplb.daemon import privileges
 from xdplb.daemon.api import create_app
+from xdplb.daemon.history import History
 from xdplb.daemon.metrics import Metrics
 
 log = logging.getLogger("xdplb.daemon.main")
@@ -118,6 +119,7 @@ class Daemon:
         self.rt = Runtime(config_path, paths.run_dir())  # ConfigError: refuse to start
         self.metrics = Metrics(self.rt)
         self.rt.on_rebuild = self.metrics.observe_rebuild
+        self.history = History()
         self._mtime = self.rt.config_file_mtime()
         self._receiver: ReportReceiver | None = None
         self._receiver_at: tuple[str, int] | None = None
@@ -186,7 +188,7 @@ class Daemon:
         if stray := privileges.stray_threads():
             log.warning("threads %s kept capabilities the daemon dropped", stray)
         paths.pid_file(rt.instance).write_text(f"{os.getpid()}\n")
-        app = create_app(rt, token=token, metrics=self.metrics)
+        app = create_app(rt, token=token, metrics=self.metrics, history=self.history)
         server = _ApiServer(
             uvicorn.Config(app, log_level="warning", access_log=False, lifespan="off")
         )
@@ -208,6 +210,8 @@ class Daemon:
                 if self._stop.is_set():
                     break
                 now = time.monotonic()
+                if self.history.due(now):
+                    self.history.add(now, rt.status())  # the status page's sparklines
                 self._follow_agents()  # the API may have changed agents.listen
                 if self._reload or rt.config_file_mtime() != self._mtime:
                     self._reload = False
