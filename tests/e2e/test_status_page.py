@@ -1,11 +1,14 @@
 """The status page in headless Chromium, inside the lab's ``lb`` namespace.
 
 A small FastAPI app stands in for the daemon's API: it serves the page the way the
-daemon does (``/`` and ``/static``) and a scripted :class:`~xdplb.control.status.Status` whose
-counters grow with every poll, takes drain/enable POSTs, wants a bearer token, and can
-be told to fail. The browser and the app both listen on 127.0.0.1 of the namespace,
-as the browser and the real daemon will. The page is driven only through its
-documented hooks (see app.js), so the same checks can run against the real daemon.
+daemon does (``/`` and ``/static``), a scripted :class:`~xdplb.control.status.Status` whose
+counters grow with every poll (ACL hits, a refused reload when told), a scripted
+:class:`~xdplb.daemon.history.HistoryView` (the sparklines: a known number of rates per
+backend, gaps included), takes drain/enable POSTs, wants a bearer token, and can be told
+to fail. The browser and the app both listen on 127.0.0.1 of the namespace, as the
+browser and the real daemon will. The page is driven only through its documented hooks
+(see app.js), so the same checks can run against the real daemon. The screenshot is
+kept under build/artifacts/.
 """
 
 from __future__ import annotations
@@ -28,6 +31,7 @@ from fastapi.staticfiles import StaticFiles
 
 from xdplb.control.interface import DrainStatus
 from xdplb.control.status import (
+    AclHits,
     Admin,
     BackendStatus,
     ConnTableStatus,
@@ -35,13 +39,17 @@ from xdplb.control.status import (
     Status,
     VipStatus,
 )
+from xdplb.daemon.history import HistoryView, Series
 from xdplb.lab import Lab, netns
 from xdplb.lab.browser import Browser
 from xdplb.lab.wait import wait_for
 
 pytestmark = pytest.mark.e2e
 
-WEB = Path(__file__).resolve().parents[2] / "src" / "xdplb" / "daemon" / "web"
+ROOT = Path(__file__).resolve().parents[2]
+WEB = ROOT / "src" / "xdplb" / "daemon" / "web"
+#: Where the screenshots stay after the run (build/ is not in git).
+ARTIFACTS = ROOT / "build" / "artifacts"
 TOKEN = "s3cret-token"
 
 
@@ -57,6 +65,7 @@ class FakeBackend:
     health_detail: str = "HTTP 200"
     admin: Admin = "enabled"
     established: int | None = 3
+    health_changed_ago: float | None = 12.5
 
 
 @dataclass
@@ -96,6 +105,10 @@ class FakeDaemon:
     token: str
     fail: bool = False
     polls: int = 0
+    #: Status.last_reload_error while set.
+    reload_error: str | None = None
+    #: The ``since`` of every history request (None: the whole history).
+    history_queries: list[float | None] = field(default_factory=list)
     started: float = field(default_factory=time.monotonic)
     lock: threading.Lock = field(default_factory=threading.Lock)
 
@@ -133,7 +146,7 @@ class FakeDaemon:
                                 else b.weight,
                                 health=b.health,
                                 health_detail=b.health_detail,
-                                health_changed_ago=12.5,
+                                health_changed_ago=b.health_changed_ago,
                                 admin=b.admin,
                                 established=b.established,
                                 table_share=b.share,
@@ -160,7 +173,37 @@ class FakeDaemon:
                 rebuilds=4,
                 last_rebuild_ms=1.7,
                 health_checks=20 * n,
+                acl=[
+                    AclHits(scope="global", allow=0, deny=17 * n, default=0),
+                    AclHits(scope=self.vips[0].name, allow=5 * n, deny=0, default=40),
+                ],
+                last_reload_error=self.reload_error,
             )
+
+    def history(self, since: float | None) -> HistoryView:
+        """20 intervals ending at 1000..1019: backend k is missing from the first 2k (added
+        later), backend 0 has a gap at interval 10 (its counters went back); VIPs have all."""
+        with self.lock:
+            self.history_queries.append(since)
+        times = [1000.0 + i for i in range(HISTORY_INTERVALS)]
+        keep = [i for i, t in enumerate(times) if since is None or t > since]
+
+        def series(values: list[float | None]) -> Series:
+            picked = [values[i] for i in keep]
+            return Series(packets=picked, bytes=[v and v * 100 for v in picked], new_flows=picked)
+
+        backends = {}
+        for k, b in enumerate(b for v in self.vips for b in v.backends):
+            backends[b.address] = series(
+                [None if i < 2 * k or (k, i) == (0, 10) else 10.0 * (k + 1) + i for i in range(20)]
+            )
+        return HistoryView(
+            interval=1.0,
+            length=60,
+            times=[times[i] for i in keep],
+            vips={v.name: series([100.0 + i for i in range(20)]) for v in self.vips},
+            backends=backends,
+        )
 
     def vip(self, address: str, port: int, protocol: str) -> FakeVip:
         for v in self.vips:
@@ -190,6 +233,13 @@ def make_app(daemon: FakeDaemon) -> FastAPI:
         if daemon.fail:
             raise HTTPException(503, "scripted failure")
         return daemon.status().model_dump(mode="json")
+
+    @app.get("/api/v1/history")
+    def history(request: Request, since: float | None = None) -> Any:
+        authorize(request)
+        if daemon.fail:
+            raise HTTPException(503, "scripted failure")
+        return daemon.history(since).model_dump(mode="json")
 
     def change(
         request: Request, address: str, port: int, protocol: str, backend: str, admin: Admin
@@ -230,8 +280,8 @@ def scripted_daemon() -> FakeDaemon:
                 "gue",
                 [
                     FakeBackend("198.18.0.11", 2, 0.5),
-                    FakeBackend("198.18.0.12", 1, 0.25),
-                    FakeBackend("198.18.0.13", 1, 0.25, established=None),
+                    FakeBackend("198.18.0.12", 1, 0.25, health_changed_ago=3725.0),
+                    FakeBackend("198.18.0.13", 1, 0.25, established=None, health_changed_ago=None),
                 ],
             ),
             FakeVip(
@@ -316,6 +366,27 @@ def updated(b: Browser) -> int:
     return int(b.attr("body", "data-updated") or 0)
 
 
+HISTORY_INTERVALS = 20
+#: Rates drawn per backend, in the order scripted_daemon lists them (see FakeDaemon.history).
+POINTS = [19, 18, 16, 14, 12]
+
+#: Vertices of a sparkline's line (one M or L per point).
+SPARK_VERTICES = """
+const svg = document.querySelector(arguments[0]);
+const d = svg.querySelector('path.line').getAttribute('d') || '';
+return (d.match(/[ML]/g) || []).length;
+"""
+
+
+def keep(shot: Path, name: str) -> Path:
+    """Copy a screenshot to build/artifacts/ (the run's artefact) and say where."""
+    ARTIFACTS.mkdir(parents=True, exist_ok=True)
+    kept = ARTIFACTS / name
+    kept.write_bytes(shot.read_bytes())
+    print(f"status page screenshot: {kept}")
+    return kept
+
+
 # -- the test ----------------------------------------------------------------------------
 
 
@@ -386,9 +457,57 @@ def test_status_page(served: tuple[Lab, FakeDaemon, int], tmp_path: Path) -> Non
         assert b.count('[data-field="events"] [data-event="new_flow"]') == 1
         assert b.count('[data-field="events"] [data-event="conn_table_full"]') == 0
 
+        # Sparklines: one per backend row with the rates the history holds (a gap where it
+        # has none), one per VIP; the page asked for only what is newer after the first.
+        backends = [(vip, x.address) for vip in (v4, v6) for x in vip.backends]
+        assert len(backends) == len(POINTS)
+        for k, ((vip, addr), points) in enumerate(zip(backends, POINTS, strict=True)):
+            row = row_sel(vip.name, addr)
+            spark = f'{row} svg[data-field="spark"]'
+            assert b.attr(spark, "data-points") == str(points), addr
+            assert b.js(SPARK_VERTICES, spark) == points, addr
+            pps = float(b.attr(f'{row} [data-field="pps"]', "data-value") or 0)
+            assert pps == 10.0 * (k + 1) + HISTORY_INTERVALS - 1, addr  # the newest rate
+        for vip in (v4, v6):
+            spark = f'{vip_sel(vip.name)} svg[data-field="vip_spark"]'
+            assert b.attr(spark, "data-points") == str(HISTORY_INTERVALS)
+        assert daemon.history_queries[0] is None
+        b.wait_for(lambda b: len(daemon.history_queries) >= 3, message="three history polls")
+        assert daemon.history_queries[1:3] == [1019.0, 1019.0]
+
+        # How long each health state has lasted; nothing where it was never checked.
+        for addr, text, value in (
+            ("198.18.0.11", "for 12s", "12.5"),
+            ("198.18.0.12", "for 1h 2m", "3725"),
+            ("198.18.0.13", "", ""),
+        ):
+            cell = f'{row_sel(v4.name, addr)} [data-field="health_for"]'
+            assert (b.text(cell), b.attr(cell, "data-value")) == (text, value), addr
+
+        # ACL hits per scope.
+        b.wait_for(lambda b: b.count('[data-field="acl"] tr[data-acl]') == 2, message="ACL rows")
+        assert b.texts('[data-field="acl"] tr[data-acl] td:first-child') == ["global", v4.name]
+        glob = '[data-field="acl"] tr[data-acl="global"]'
+        assert int(b.attr(f'{glob} [data-field="deny"]', "data-value") or 0) % 17 == 0
+        assert b.text(f'[data-field="acl"] tr[data-acl="{v4.name}"] [data-field="default"]') == "40"
+
+        # A refused reload: the banner says why until a reload applies.
+        assert b.text('[data-field="reload_error"]') == ""
+        refusal = (
+            "the file drops the runtime ACL deny 203.0.113.0/24 of the global scope; "
+            "reload with --force to drop it"
+        )
+        daemon.reload_error = refusal
+        b.wait_for('[data-field="reload_error"]', visible=True, message="the refusal banner")
+        assert b.text('[data-field="reload_error_text"]') == refusal
+        assert "Last reload refused" in b.text('[data-field="reload_error"]')
+
         shot = b.screenshot(tmp_path / "status.png")
-        width, height = png_size(shot)
+        width, height = png_size(keep(shot, "status-page.png"))
         assert width == 1280 and 850 <= height <= 900
+        assert [m for m in b.console() if m.startswith("SEVERE")] == []
+        daemon.reload_error = None
+        b.wait_for(lambda b: b.text('[data-field="reload_error"]') == "", message="banner gone")
 
         # Drain from the page: the row turns "draining" and the bar hands its share to
         # the others, all without a reload (the marker set in the page survives).
@@ -422,6 +541,9 @@ def test_status_page(served: tuple[Lab, FakeDaemon, int], tmp_path: Path) -> Non
         b.wait_for(lambda b: b.text(f'{drained} [data-field="admin"]') == "enabled")
         b.wait_for(lambda b: widths_match(b, v4), message="share bar after the enable")
         assert b.js("return window.__notReloaded") is True
+        # No script error all along: the only errors are the scripted 503s' failed loads.
+        errors = [m for m in b.console() if m.startswith("SEVERE")]
+        assert [m for m in errors if "status of 503" not in m] == [], errors
 
 
 def test_browser_without_namespace(tmp_path: Path) -> None:

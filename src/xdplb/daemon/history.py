@@ -9,6 +9,7 @@ clock that went back (another daemon's samples) starts the history afresh.
 
 from __future__ import annotations
 
+import itertools
 from collections import deque
 from dataclasses import dataclass
 
@@ -108,9 +109,7 @@ class History:
     def view(self, since: float | None = None) -> HistoryView:
         """The rate of every interval that ends after ``since`` (None: all held)."""
         pairs = [
-            (a, b)
-            for a, b in zip(self._samples, list(self._samples)[1:], strict=False)
-            if since is None or b.t > since
+            (a, b) for a, b in itertools.pairwise(self._samples) if since is None or b.t > since
         ]
 
         def series(key: str, of: str) -> Series:

@@ -1,4 +1,5 @@
-// xdplb status page: polls GET /api/v1/status every second and updates the page in place.
+// xdplb status page: polls GET /api/v1/status and GET /api/v1/history (only the intervals
+// newer than it has: ?since=) every second and updates the page in place.
 //
 // Plain JavaScript, no framework and no build step: the daemon serves this file as is.
 // Every value from the daemon goes into the page through textContent or an attribute,
@@ -9,20 +10,30 @@
 //   body[data-connection]     "connecting" | "live" | "disconnected"
 //   [data-field=connection]   the same, as text; [data-field=error] the last failure
 //   [data-field=instance|attached|uptime|conn_table|rebuilds|health_checks]  summary
+//   [data-field=reload_error]  banner, hidden unless the last reload was refused; the
+//         reason in [data-field=reload_error_text]
 //   [data-vip="<vip name>"]   one card per VIP (name as in Status, "198.18.100.1:80/tcp")
 //     [data-field=table|encap|hash]                  table kind and size, encapsulation
 //     [data-field=all_down]                          warning banner (hidden unless all_down)
 //     [data-field=rate_packets|rate_bits|rate_new_flows]  per second between the last two
 //         polls; data-value holds the number ("" until two polls have been seen)
+//     svg[data-field=vip_spark]  the VIP's packets/s over the daemon's history (below)
 //     [data-field=share_bar] > [data-segment="<backend address>"]  one segment per backend,
 //         width = its table share; data-value = the share (0..1)
 //     [data-field=legend] > [data-legend="<backend address>"]
 //     tr[data-backend="<backend address>"]  one row per backend, cells:
 //         [data-field=address|health|admin|weight|effective_weight|established|share]
 //         (health's title holds the check's detail; share's data-value the fraction)
+//         [data-field=health_for]  how long the health state has lasted ("12s",
+//             data-value = seconds; "" if never checked)
+//         svg[data-field=spark]  sparkline of the backend's packets/s (over all its VIPs)
+//             in the daemon's history: data-points = values drawn (intervals with a
+//             rate), data-max = the top of its scale; [data-field=pps] the last rate
 //         button[data-action="drain"|"enable"]  POSTs .../backends/<address>/<action>
 //   [data-field=drops|events] > li[data-drop|data-event="<name>"]  non-zero counters,
 //         data-value = the count
+//   [data-field=acl] > tr[data-acl="<scope>"]  ACL hits per scope ("global", a VIP's
+//         name), cells [data-field=allow|deny|default], data-value = the count
 "use strict";
 
 const API = "/api/v1";
@@ -129,6 +140,121 @@ function count(n) {
   return n === null || n === undefined ? "–" : n.toLocaleString("en-US");
 }
 
+// ---- the daemon's history of rates ------------------------------------------------------
+// The intervals the page has seen, oldest first, as long as the daemon keeps (length):
+// times[i] ends interval i; every series has one value (or null) per interval.
+const SERIES = ["packets", "bytes", "new_flows"];
+const history = { length: 60, interval: 1, times: [], vips: new Map(), backends: new Map() };
+
+function mergeHistory(h) {
+  history.length = h.length;
+  history.interval = h.interval;
+  const n = h.times.length;
+  if (n === 0) return;
+  const before = history.times.length;
+  history.times.push(...h.times);
+  for (const kind of ["vips", "backends"]) {
+    const store = history[kind];
+    for (const [key, s] of Object.entries(h[kind])) {
+      if (!store.has(key)) {
+        store.set(key, Object.fromEntries(SERIES.map((f) => [f, new Array(before).fill(null)])));
+      }
+      const mine = store.get(key);
+      for (const f of SERIES) mine[f].push(...s[f]);
+    }
+    for (const [key, mine] of store) {
+      if (!(key in h[kind])) for (const f of SERIES) mine[f].push(...new Array(n).fill(null));
+    }
+  }
+  const drop = history.times.length - history.length;
+  if (drop <= 0) return;
+  history.times.splice(0, drop);
+  for (const kind of ["vips", "backends"]) {
+    for (const [key, mine] of history[kind]) {
+      for (const f of SERIES) mine[f].splice(0, drop);
+      if (mine.packets.every((v) => v === null)) history[kind].delete(key);
+    }
+  }
+}
+
+function lastRate(values) {
+  for (let i = values.length - 1; i >= 0; i -= 1) if (values[i] !== null) return values[i];
+  return null;
+}
+
+const SVG_NS = "http://www.w3.org/2000/svg";
+const SPARK_W = 120;
+const SPARK_H = 22;
+
+function newSpark(name) {
+  const svg = document.createElementNS(SVG_NS, "svg");
+  svg.setAttribute("class", "spark");
+  svg.setAttribute("data-field", name);
+  svg.setAttribute("width", String(SPARK_W));
+  svg.setAttribute("height", String(SPARK_H));
+  svg.setAttribute("viewBox", `0 0 ${SPARK_W} ${SPARK_H}`);
+  const base = document.createElementNS(SVG_NS, "line");
+  base.setAttribute("class", "base");
+  for (const [k, v] of [["x1", 0], ["x2", SPARK_W], ["y1", SPARK_H - 1], ["y2", SPARK_H - 1]]) {
+    base.setAttribute(k, String(v));
+  }
+  for (const [tag, cls] of [["path", "area"], ["path", "line"], ["circle", "last"]]) {
+    const node = document.createElementNS(SVG_NS, tag);
+    node.setAttribute("class", cls);
+    svg.append(node);
+  }
+  // After the drawing: drawSpark takes the first three children in this order.
+  svg.append(document.createElementNS(SVG_NS, "title"), base);
+  return svg;
+}
+
+// Inline SVG: newest interval at the right edge, one slot per interval the daemon keeps,
+// the scale from 0 to the largest value; a gap where an interval has no rate.
+function drawSpark(svg, values, what) {
+  const slots = Math.max(history.length - 1, 1);
+  const offset = history.length - values.length;
+  const max = Math.max(0, ...values.filter((v) => v !== null));
+  const x = (i) => (((i + offset) / slots) * (SPARK_W - 3)).toFixed(1);
+  const y = (v) => (SPARK_H - 2 - (max > 0 ? (v / max) * (SPARK_H - 4) : 0)).toFixed(1);
+  let line = "";
+  let area = "";
+  let run = [];
+  let points = 0;
+  const flush = () => {
+    if (run.length > 0) {
+      line += run.map(([i, v], k) => `${k === 0 ? "M" : "L"}${x(i)} ${y(v)}`).join(" ") + " ";
+      const first = run[0][0];
+      const last = run[run.length - 1][0];
+      area += `M${x(first)} ${SPARK_H - 1} ${run.map(([i, v]) => `L${x(i)} ${y(v)}`).join(" ")} `;
+      area += `L${x(last)} ${SPARK_H - 1} Z `;
+    }
+    run = [];
+  };
+  values.forEach((v, i) => {
+    if (v === null) flush();
+    else {
+      run.push([i, v]);
+      points += 1;
+    }
+  });
+  flush();
+  const [areaPath, linePath, dot, title] = svg.children;
+  setAttr(linePath, "d", line.trim());
+  setAttr(areaPath, "d", area.trim());
+  const lastIndex = values.length - 1;
+  const last = lastIndex >= 0 ? values[lastIndex] : null;
+  dot.style.display = last === null ? "none" : "";
+  if (last !== null) {
+    setAttr(dot, "cx", x(lastIndex));
+    setAttr(dot, "cy", y(last));
+    setAttr(dot, "r", "1.8");
+  }
+  setAttr(svg, "data-points", String(points));
+  setAttr(svg, "data-max", String(max));
+  const span = duration(history.length * history.interval);
+  setText(title, `${what}: packets/s over the last ${span}, peak ${si(max, "pkt/s")}`);
+}
+
 // ---- VIP cards --------------------------------------------------------------------------
 // Per VIP: the counters of the previous poll (for rates) and a colour per backend that
 // stays with the backend while others come and go.
@@ -167,6 +293,7 @@ function newCard(name) {
     el("th", { class: "num", text: "effective" }),
     el("th", { class: "num", text: "established" }),
     el("th", { class: "num", text: "share" }),
+    el("th", { class: "traffic", text: "pkt/s, last minute" }),
     el("th", {}),
   ]);
   return el("article", { class: "vip", "data-vip": name }, [
@@ -176,6 +303,7 @@ function newCard(name) {
       el("span", { class: "tag", "data-field": "encap" }),
       el("span", { class: "tag", "data-field": "hash" }),
       el("div", { class: "rates" }, [
+        newSpark("vip_spark"),
         rate("rate_packets", "pkt/s"),
         rate("rate_bits", "bit/s"),
         rate("rate_new_flows", "new conn/s"),
@@ -197,12 +325,19 @@ function newRow(vip, address) {
   button.addEventListener("click", () => act(vip, address, button));
   return el("tr", { "data-backend": address }, [
     el("td", {}, [el("span", { class: "swatch" }), el("span", { "data-field": "address" })]),
-    el("td", {}, [el("span", { class: "pill", "data-field": "health" })]),
+    el("td", {}, [
+      el("span", { class: "pill", "data-field": "health" }),
+      el("span", { class: "since", "data-field": "health_for", "data-value": "" }),
+    ]),
     el("td", {}, [el("span", { class: "pill", "data-field": "admin" })]),
     el("td", { class: "num", "data-field": "weight" }),
     el("td", { class: "num", "data-field": "effective_weight" }),
     el("td", { class: "num", "data-field": "established" }),
     el("td", { class: "num", "data-field": "share" }),
+    el("td", { class: "traffic" }, [
+      newSpark("spark"),
+      el("span", { class: "pps", "data-field": "pps", "data-value": "" }),
+    ]),
     el("td", { class: "action" }, [button]),
   ]);
 }
@@ -291,6 +426,10 @@ function renderBackends(card, vip) {
     const since =
       b.health_changed_ago === null ? "" : ` (for ${duration(b.health_changed_ago)})`;
     setAttr(health, "title", `${b.health_detail || "no check configured"}${since}`);
+    const lasted = field(row, "health_for");
+    const ago = b.health_changed_ago;
+    setText(lasted, ago === null ? "" : `for ${duration(ago)}`);
+    setAttr(lasted, "data-value", ago === null ? "" : String(ago));
 
     setAdmin(row, b.admin);
     setText(field(row, "weight"), String(b.weight));
@@ -301,6 +440,13 @@ function renderBackends(card, vip) {
     const share = field(row, "share");
     setText(share, percent(b.table_share));
     setAttr(share, "data-value", String(b.table_share));
+    const series = history.backends.get(b.address);
+    const values = series ? series.packets : [];
+    drawSpark(field(row, "spark"), values, b.address);
+    const pps = lastRate(values);
+    const ppsNode = field(row, "pps");
+    setText(ppsNode, pps === null ? "–" : si(pps, ""));
+    setAttr(ppsNode, "data-value", pps === null ? "" : String(pps));
     rows.push(row);
   }
   reconcile(tbody, rows);
@@ -316,6 +462,8 @@ function renderVip(vip, uptime) {
   field(card, "all_down").hidden = !vip.all_down;
   card.classList.toggle("all-down", vip.all_down);
   renderRates(card, vip, uptime);
+  const series = history.vips.get(vip.name);
+  drawSpark(field(card, "vip_spark"), series ? series.packets : [], vip.name);
   renderShare(card, vip);
   renderBackends(card, vip);
   return card;
@@ -343,6 +491,26 @@ function renderCounters(name, attr, counters) {
   reconcile(list, items);
 }
 
+function renderAcl(hits) {
+  const body = field(document, "acl");
+  const rows = hits.map((h) => {
+    const row =
+      byKey(body, "data-acl", h.scope) ||
+      el("tr", { "data-acl": h.scope }, [
+        el("td", { class: "key", text: h.scope }),
+        ...["allow", "deny", "default"].map((f) => el("td", { class: "num", "data-field": f })),
+      ]);
+    for (const f of ["allow", "deny", "default"]) {
+      const cell = field(row, f);
+      setText(cell, count(h[f]));
+      setAttr(cell, "data-value", String(h[f]));
+      cell.classList.toggle("hit", f !== "allow" && h[f] > 0);
+    }
+    return row;
+  });
+  reconcile(body, rows);
+}
+
 function render(status) {
   setText(field(document, "instance"), status.instance);
   document.title = `xdplb ${status.instance}`;
@@ -356,12 +524,16 @@ function render(status) {
   setText(field(document, "rebuilds"), `${count(status.rebuilds)}${last}`);
   setText(field(document, "health_checks"), count(status.health_checks));
   field(document, "runtime_changes").hidden = !status.runtime_changes;
+  const refused = status.last_reload_error;
+  field(document, "reload_error").hidden = !refused;
+  setText(field(document, "reload_error_text"), refused || "");
 
   const seen = new Set(status.vips.map((v) => v.name));
   for (const name of [...vipState.keys()]) if (!seen.has(name)) vipState.delete(name);
   reconcile(field(document, "vips"), status.vips.map((v) => renderVip(v, status.uptime)));
   renderCounters("drops", "data-drop", status.drops);
   renderCounters("events", "data-event", status.events);
+  renderAcl(status.acl || []);
 }
 
 // ---- polling and actions ----------------------------------------------------------------
@@ -431,7 +603,13 @@ async function poll() {
   inFlight = true;
   const started = performance.now();
   try {
-    const status = await fetchJson(`${API}/status`);
+    const last = history.times[history.times.length - 1];
+    const since = last === undefined ? "" : `?since=${encodeURIComponent(last)}`;
+    const [status, rates] = await Promise.all([
+      fetchJson(`${API}/status`),
+      fetchJson(`${API}/history${since}`),
+    ]);
+    mergeHistory(rates);
     render(status);
     polls += 1;
     document.body.dataset.updated = String(polls);
