@@ -15,6 +15,7 @@ from lb_harness import Lb
 from xdplb.control import sessions
 from xdplb.control.sessions import ConnectionQuery
 from xdplb.core import abi
+from xdplb.core.errors import ConfigError
 from xdplb.datapath.conns import WAYS, ConnTable
 from xdplb.datapath.lb import MAP_NAMES, LbMaps
 from xdplb.datapath.maps import Map
@@ -134,9 +135,9 @@ def test_a_page_refuses_a_cursor_or_limit_out_of_range(lb: Lb) -> None:
     table = ConnTable(lb.obj.map("lb_conns"))
     snap = _maps(lb).snapshot()
     end = table.sets_count * WAYS
-    with pytest.raises(ValueError) as e:
+    with pytest.raises(ConfigError) as e:
         sessions.page(table, snap, ConnectionQuery(), cursor=end + 1)
     assert str(e.value) == f"cursor: must be within 0..{end}, got {end + 1}"
-    with pytest.raises(ValueError) as e:
+    with pytest.raises(ConfigError) as e:
         sessions.page(table, snap, ConnectionQuery(), limit=0)
     assert str(e.value) == "limit: must be within 1..10000, got 0"

@@ -16,6 +16,7 @@ from pydantic import BaseModel, ConfigDict
 
 from xdplb.config import Config
 from xdplb.config import Protocol as L4Protocol
+from xdplb.control.sessions import ConnectionPage, ConnectionQuery, SessionCount
 from xdplb.control.status import AclHits, Admin, Status, vip_name
 from xdplb.core.addresses import IPAddress
 
@@ -92,3 +93,11 @@ class Controller(Protocol):
         ...
 
     def drain_status(self, vip: VipRef, backend: IPAddress) -> DrainStatus: ...
+
+    def connections(self, query: ConnectionQuery, *, cursor: int, limit: int) -> ConnectionPage:
+        """A page of the session table (:func:`xdplb.control.sessions.page`)."""
+        ...
+
+    def session_counts(self) -> list[SessionCount]:
+        """Session-table entries per (VIP, backend), from a walk of the whole table."""
+        ...

@@ -39,6 +39,7 @@ from xdplb.control import planner
 from xdplb.control.drain import ConnectionCounts, Count, drain_done
 from xdplb.control.interface import ChangeResult, DrainStatus, VipRef
 from xdplb.control.overlay import Member, Overlay, effective
+from xdplb.control.sessions import ConnectionPage, ConnectionQuery, SessionCount, counts, page
 from xdplb.control.status import (
     Admin,
     BackendView,
@@ -310,6 +311,12 @@ class Runtime:
         tmp = self.admin_path.with_suffix(".tmp")
         tmp.write_text(json.dumps(doc) + "\n")
         os.replace(tmp, self.admin_path)
+
+    def connections(self, query: ConnectionQuery, *, cursor: int, limit: int) -> ConnectionPage:
+        return page(self.dp.conns, self.dp.snapshot(), query, cursor=cursor, limit=limit)
+
+    def session_counts(self) -> list[SessionCount]:
+        return counts(self.dp.conns, self.dp.snapshot())
 
     # -- status --------------------------------------------------------------------------
 

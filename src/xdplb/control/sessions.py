@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import ctypes
 import ipaddress
+import re
 from collections import Counter
 from dataclasses import dataclass
 
@@ -22,6 +23,7 @@ from pydantic import BaseModel, ConfigDict
 from xdplb.control.status import vip_name
 from xdplb.core import abi
 from xdplb.core.addresses import IPAddress, IPNetwork
+from xdplb.core.errors import ConfigError
 from xdplb.core.state import Snapshot
 from xdplb.datapath.conns import WAYS, ConnTable
 
@@ -92,6 +94,42 @@ class ConnectionQuery:
     client: IPNetwork | None = None
 
 
+_VIP = re.compile(
+    r"^(?:\[(?P<v6>[^\]]+)\]|(?P<v4>[0-9.]+)):(?P<port>[0-9]{1,5})(?:/(?P<proto>tcp|udp))?$"
+)
+
+
+def parse_query(
+    vip: str | None = None, backend: str | None = None, client: str | None = None
+) -> ConnectionQuery:
+    """The filters as the API's query (and the CLI's options) write them: ``vip`` an
+    ``ADDRESS:PORT[/PROTOCOL]`` name, ``backend`` an address, ``client`` a prefix or an
+    address. ConfigError names the parameter that does not parse."""
+    q_vip = None
+    if vip:
+        m = _VIP.match(vip)
+        try:
+            addr = ipaddress.ip_address((m["v6"] or m["v4"]) if m else "")
+        except ValueError:
+            m = None
+        if m is None or (m["v6"] is not None) != (addr.version == 6) or int(m["port"]) > 65535:
+            raise ConfigError("vip", f"{vip!r} is not ADDRESS:PORT[/tcp|udp]")
+        q_vip = (addr, int(m["port"]), m["proto"] or "tcp")
+    q_backend = None
+    if backend:
+        try:
+            q_backend = ipaddress.ip_address(backend.strip("[]"))
+        except ValueError:
+            raise ConfigError("backend", f"{backend!r} is not an IP address") from None
+    q_client = None
+    if client:
+        try:
+            q_client = ipaddress.ip_network(client, strict=False)
+        except ValueError:
+            raise ConfigError("client", f"{client!r} is not an address or prefix") from None
+    return ConnectionQuery(vip=q_vip, backend=q_backend, client=q_client)
+
+
 class _Vips:
     """The VIPs of a snapshot by the key words a flow key holds."""
 
@@ -151,7 +189,7 @@ def _connection(
     )
 
 
-def _matches(c: Connection, q: ConnectionQuery) -> bool:
+def matches(c: Connection, q: ConnectionQuery) -> bool:
     if q.vip is not None:
         addr, port, proto = q.vip
         if c.vip != vip_name(addr, port, proto):
@@ -174,12 +212,12 @@ def page(
 ) -> ConnectionPage:
     """Entries matching ``query`` from entry position ``cursor`` (set x ways + way) on:
     at most ``limit`` of them, reading at most ``max_sets`` sets (a page may then be
-    empty with a ``next``). ValueError names a cursor or limit out of range."""
+    empty with a ``next``). ConfigError names a cursor or limit out of range."""
     end = table.sets_count * WAYS
     if not 0 <= cursor <= end:
-        raise ValueError(f"cursor: must be within 0..{end}, got {cursor}")
+        raise ConfigError("cursor", f"must be within 0..{end}, got {cursor}")
     if not 1 <= limit <= MAX_PAGE:
-        raise ValueError(f"limit: must be within 1..{MAX_PAGE}, got {limit}")
+        raise ConfigError("limit", f"must be within 1..{MAX_PAGE}, got {limit}")
     vips = _Vips(snap)
     first, skip = divmod(cursor, WAYS)
     stop = min(table.sets_count, first + max_sets)
@@ -198,7 +236,7 @@ def page(
                     continue
                 key = _flow_key(bytes(rec["slot"][way]))
                 c = _connection(vips, key, idx, way, bid, int(rec["rank"][way]))
-                if not _matches(c, query):
+                if not matches(c, query):
                     continue
                 out.append(c)
                 if len(out) == limit:

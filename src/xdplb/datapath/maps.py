@@ -377,4 +377,4 @@ class Map(Closing):
         )
         if ret != -errno.ENOENT:  # ENOENT: the map ended within the batch
             check(ret, f"bpf_map_lookup_batch({self.name}, from {start})")
-        return ffi.buffer(values, n[0] * vs)[:]
+        return bytes(ffi.buffer(values, n[0] * vs))
