@@ -61,8 +61,12 @@ class DrainStatus(_Out):
     established: int | None
     """Open connections the agent last reported (None: no report since the drain began)."""
     done: bool | None
-    """True once a report taken after the drain began says none are left; None: cannot
-    tell (no agent reports for this backend)."""
+    """True once a report taken after the drain began says none are left (UDP: and no
+    packet went to the backend for the VIP's ``udp_drain_idle``); None: cannot tell (no
+    agent reports for this backend)."""
+    idle: float | None = None
+    """UDP: seconds lb_xdp has forwarded no packet to the backend within the drain (as
+    sampled by the daemon); None for TCP, or not draining."""
 
 
 class Controller(Protocol):
