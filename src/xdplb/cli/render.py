@@ -258,11 +258,25 @@ def print_status(st: Status) -> None:
                 typer.echo(f"{v.name} backend {b.address} down: {b.health_detail}")
     for line in map_lines(st.maps):
         typer.echo(line)
-    typer.echo("events: " + ("  ".join(f"{k} {n}" for k, n in st.events.items()) or "none"))
-    typer.echo("drops: " + ("  ".join(f"{k} {n}" for k, n in st.drops.items()) or "none"))
+    for what, counts in (("events", st.events), ("drops", st.drops)):
+        for line in _wrapped(f"{what}:", [f"{k} {n}" for k, n in counts.items()] or ["none"]):
+            typer.echo(line)
     acl = [h for h in st.acl if h.scope != "global" or h.allow or h.deny or h.default]
     for h in acl:
         typer.echo(f"acl {h.scope}: allow {h.allow}  deny {h.deny}  default {h.default}")
+
+
+def _wrapped(head: str, items: list[str], width: int = 100) -> Iterator[str]:
+    """``head`` and ``items`` two spaces apart, lines within ``width`` columns (the
+    continuations indented)."""
+    line, sep = head, " "
+    for item in items:
+        if len(line) + len(sep) + len(item) > width and sep == "  ":
+            yield line
+            line, sep = "", "  "  # a continuation: indented by its separator
+        line += sep + item
+        sep = "  "
+    yield line
 
 
 def changed(what: str, r: ChangeResult) -> None:
