@@ -10,6 +10,13 @@ from dataclasses import dataclass, field
 
 from xdplb.config import Config, parse_config
 from xdplb.control.interface import ChangeResult, DrainStatus, VipRef
+from xdplb.control.sessions import (
+    Connection,
+    ConnectionPage,
+    ConnectionQuery,
+    SessionCount,
+    matches,
+)
 from xdplb.control.status import (
     AclHits,
     Admin,
@@ -66,6 +73,8 @@ class FakeController:
     events: dict[str, int] = field(default_factory=lambda: {"tx": 42})
     #: ACL hits per scope ("global" or a VIP name): (allow, deny, default).
     acl_hits: dict[str, tuple[int, int, int]] = field(default_factory=dict)
+    #: The session table's entries, in table order (a page's cursor is an index here).
+    sessions: list[Connection] = field(default_factory=list)
     replaced: int = 0
     persisted: int = 0
     #: Set to make the next replace_config fail like a bug in the daemon.
@@ -187,6 +196,26 @@ class FakeController:
             established=d.established if d else self.established.get(str(backend)),
             done=d.done if d else None,
         )
+
+    def connections(self, query: ConnectionQuery, *, cursor: int, limit: int) -> ConnectionPage:
+        out, i = [], cursor
+        while i < len(self.sessions) and len(out) < limit:
+            if matches(self.sessions[i], query):
+                out.append(self.sessions[i])
+            i += 1
+        return ConnectionPage(
+            connections=out,
+            next=i if i < len(self.sessions) else None,
+            scanned_sets=i - cursor,
+            sets=len(self.sessions),
+        )
+
+    def session_counts(self) -> list[SessionCount]:
+        seen: dict[tuple[str, str], int] = {}
+        for c in self.sessions:
+            if c.vip is not None and c.backend is not None:
+                seen[c.vip, c.backend] = seen.get((c.vip, c.backend), 0) + 1
+        return [SessionCount(vip=v, backend=b, entries=n) for (v, b), n in sorted(seen.items())]
 
     # For the tests.
 

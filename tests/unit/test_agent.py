@@ -24,6 +24,7 @@ from xdplb.agent.sampling import (
     read_cpu_times,
     read_passive_opens,
 )
+from xdplb.agent.serverconns import ServerConns
 from xdplb.agent.wire import (
     MAX_CHAIN,
     MAX_CONN_COUNT,
@@ -565,7 +566,7 @@ def run_for_reports(
 def test_agent_reports_the_counts_at_each_report(receiver: ReportReceiver, tmp_path: Path) -> None:
     counts = iter([{(V4, 80): 3}, {(V4, 80): 1, (V6, 7): 2}, {}])
     got = run_for_reports(
-        receiver, tmp_path, 3, count_conns=lambda: next(counts, {}), host_instance=None
+        receiver, tmp_path, 3, count_conns=lambda: ServerConns(next(counts, {})), host_instance=None
     )
     assert [r.conns for r in got[:3]] == [{(V4, 80): 3}, {(V4, 80): 1, (V6, 7): 2}, {}]
     assert all(r.chain is None and not r.conns_truncated for r in got)
@@ -575,7 +576,7 @@ def test_agent_sends_the_largest_counts_when_there_are_too_many(
     receiver: ReportReceiver, tmp_path: Path
 ) -> None:
     many = {key(i): i + 1 for i in range(MAX_CONNS + 10)}
-    got = run_for_reports(receiver, tmp_path, 1, count_conns=lambda: many)
+    got = run_for_reports(receiver, tmp_path, 1, count_conns=lambda: ServerConns(many))
     assert got and got[0].conns_truncated
     assert got[0].conns is not None and len(got[0].conns) == MAX_CONNS
     assert min(got[0].conns.values()) == 11
@@ -594,6 +595,82 @@ def test_agent_reports_host_tc_counters_when_readable(
         return r
 
     monkeypatch.setattr(agent_run, "read_chain", fake_read_chain)
-    got = run_for_reports(receiver, tmp_path, 3, count_conns=dict, host_instance="lab-b1")
+    got = run_for_reports(
+        receiver, tmp_path, 3, count_conns=lambda: ServerConns({}), host_instance="lab-b1"
+    )
     # A failed read is a report without the field, not a dead agent.
     assert [r.chain for r in got[:3]] == [{"pass": 5, "forward": 1}, None, None]
+
+
+def test_the_largest_valid_v2_report_fits_a_datagram() -> None:
+    top = ipaddress.IPv6Address("ffff:ffff:ffff:ffff:ffff:ffff:ffff:ffff")
+    tcp = {(top - i, 65535): MAX_CONN_COUNT for i in range(MAX_CONNS)}  # longer than udp
+    r = WireReport(
+        "\U0001d538" * MAX_NAME,
+        0.12345678901234568,
+        1.2345678901234567e300,
+        MAX_SEQ,
+        tcp,
+        True,
+        {f"{chr(ord('a') + i % 26)}{i:031d}": MAX_COUNTER for i in range(MAX_CHAIN)},
+        {k: MAX_CONN_COUNT - 1 for k in tcp},
+        {},
+    )
+    data = encode_report(r)
+    assert r.version == 2 and 7000 < len(data) <= MAX_DATAGRAM
+    assert decode_report(data) == r
+
+
+def test_a_v2_report_carries_inactive_and_udp_counts() -> None:
+    vip = ipaddress.ip_address("198.18.100.1")
+    r = WireReport(
+        "198.18.0.11", 0.5, 10.0, 7, {(vip, 80): 5}, False, None, {(vip, 80): 2}, {(vip, 53): 3}
+    )
+    data = encode_report(r)
+    doc = json.loads(data)
+    assert doc["v"] == 2
+    assert doc["conns"] == [["198.18.100.1", 80, 5, 2]]
+    assert doc["udp"] == [["198.18.100.1", 53, 3]]
+    got = decode_report(data).received(1.0)
+    assert got.conns == {(vip, 80): 5} and got.conns_inactive == {(vip, 80): 2}
+    assert got.udp == {(vip, 53): 3}
+    # A version-1 report (an agent from before) still reads, its new counts unknown.
+    old = decode_report(b'{"backend":"b","cpu":0,"rps":0,"seq":1,"conns":[["198.18.100.1",80,5]]}')
+    assert old.version == 1 and old.conns == {(vip, 80): 5}
+    assert old.conns_inactive is None and old.udp is None
+
+
+@pytest.mark.parametrize(
+    ("doc", "message"),
+    [
+        ({"v": 3, "conns": []}, "v: version 3 is not one this receiver reads (1, 2)"),
+        ({"v": True, "conns": []}, "v: version True is not one this receiver reads"),
+        ({"udp": []}, "udp: a version-1 report has none (send v: 2)"),
+        ({"v": 2}, "conns: missing (a version-2 report counts connections)"),
+        (
+            {"v": 2, "conns": [["198.18.100.1", 80, 5]]},
+            "conns[0]: must be [address, port, count, inactive]",
+        ),
+        (
+            {"v": 2, "conns": [["198.18.100.1", 80, 5, 6]]},
+            "conns[0] inactive: must be an integer in 0..5, got 6",
+        ),
+        (
+            {"v": 2, "conns": [], "udp": [["198.18.100.1", 0, 1]]},
+            "udp[0] port: must be an integer in 1..65535",
+        ),
+        (
+            {
+                "v": 2,
+                "conns": [[f"198.18.100.{i}", 80, 1, 0] for i in range(40)],
+                "udp": [[f"198.18.101.{i}", 53, 1] for i in range(40)],
+            },
+            "udp: with conns, more than 64 entries",
+        ),
+    ],
+)
+def test_decode_refuses_a_bad_v2_report(doc: dict[str, object], message: str) -> None:
+    base = {"backend": "b", "cpu": 0, "rps": 0, "seq": 1}
+    with pytest.raises(ValueError) as e:
+        decode_report(json.dumps(base | doc).encode())
+    assert str(e.value).startswith(message), str(e.value)

@@ -143,3 +143,46 @@ def test_drain_done_follows_the_counts() -> None:
     c.observe(report("198.18.0.11", 3.0, {(VIP4, 443): 1}), 3.0)
     assert drain_done(c.established(B1, VIP4, 80), started) is True
     assert drain_done(c.established(B1, VIP4, 0), started) is False  # 443 still open
+
+
+def test_a_udp_drain_waits_for_no_connected_socket_and_no_packet_for_the_idle_time() -> None:
+    """Failure 7: an agent's UDP count makes a UDP drain's state known; it is done once
+    the counter of packets to the backend stood still for the VIP's idle time."""
+    from xdplb.control.drain import ConnectionCounts, PacketIdle, udp_drain_done
+    from xdplb.core.reports import LoadReport
+
+    vip, be = ipaddress.ip_address("198.18.100.1"), ipaddress.ip_address("198.18.0.11")
+    counts = ConnectionCounts()
+    assert counts.udp_flows(be, vip, 53) is None  # no report: cannot tell
+    counts.observe(LoadReport(str(be), 0.1, 0.0, 5.0, {}, False, None, {}, {(vip, 53): 1}))
+    flows = counts.udp_flows(be, vip, 53)
+    assert flows is not None and flows.value == 1
+    assert udp_drain_done(flows, 1.0, 1.0, 100.0, 10.0) is False  # a connected flow left
+    counts.observe(LoadReport(str(be), 0.1, 0.0, 6.0, {}, False, None, {}, {}))
+    flows = counts.udp_flows(be, vip, 53)
+    assert flows is not None and flows.value == 0
+    idle = PacketIdle()
+    assert idle.observe(be, 100, 6.0) == 6.0
+    assert idle.observe(be, 130, 7.0) == 7.0  # packets still flow
+    assert idle.observe(be, 130, 12.0) == 7.0
+    assert udp_drain_done(flows, 1.0, 7.0, 12.0, 10.0) is False  # idle 5 s of 10
+    assert udp_drain_done(flows, 1.0, 7.0, 17.0, 10.0) is True
+    # Idle only counts within the drain: a counter idle since before it began waits.
+    assert udp_drain_done(flows, 2.0, 1.5, 11.0, 10.0) is False
+    assert udp_drain_done(flows, 2.0, 1.5, 12.0, 10.0) is True
+    assert udp_drain_done(flows, 8.0, 7.0, 17.0, 10.0) is None  # no count since it began
+    assert udp_drain_done(None, 1.0, 7.0, 17.0, 10.0) is None
+
+
+def test_inactive_is_known_from_a_v2_report_only() -> None:
+    from xdplb.control.drain import ConnectionCounts
+    from xdplb.core.reports import LoadReport
+
+    vip, be = ipaddress.ip_address("198.18.100.1"), ipaddress.ip_address("198.18.0.11")
+    counts = ConnectionCounts()
+    counts.observe(LoadReport(str(be), 0.1, 0.0, 5.0, {(vip, 80): 4}))
+    assert counts.inactive(be, vip, 80) is None
+    counts.observe(
+        LoadReport(str(be), 0.1, 0.0, 6.0, {(vip, 80): 4}, False, None, {(vip, 80): 1}, {})
+    )
+    assert counts.inactive(be, vip, 80) == 1 and counts.inactive(be, vip, 81) == 0

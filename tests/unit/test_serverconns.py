@@ -20,8 +20,10 @@ from xdplb.agent.serverconns import (
     TCP_SYN_RECV,
     TCP_TIME_WAIT,
     ConnectionCounter,
-    TcpSocket,
+    InetSocket,
     count_server_connections,
+    count_tcp,
+    count_udp_flows,
     parse_dump,
 )
 from xdplb.core.addresses import unmap
@@ -34,21 +36,21 @@ VIP6 = "fd78:6470:6c62:100::1"
 OWN4 = "198.18.0.11"
 
 
-def sock(state: int, local: str, port: int, *, v6only: bool = False) -> TcpSocket:
+def sock(state: int, local: str, port: int, *, v6only: bool = False) -> InetSocket:
     addr = ipaddress.ip_address(local)
     family = socket.AF_INET if addr.version == 4 else socket.AF_INET6
-    return TcpSocket(family, state, addr, port, v6only)
+    return InetSocket(family, state, addr, port, v6only)
 
 
-def listen(local: str, port: int, *, v6only: bool = False) -> TcpSocket:
+def listen(local: str, port: int, *, v6only: bool = False) -> InetSocket:
     return sock(TCP_LISTEN, local, port, v6only=v6only)
 
 
-def est(local: str, port: int) -> TcpSocket:
+def est(local: str, port: int) -> InetSocket:
     return sock(TCP_ESTABLISHED, local, port)
 
 
-def counts(*sockets: TcpSocket) -> dict[tuple[str, int], int]:
+def counts(*sockets: InetSocket) -> dict[tuple[str, int], int]:
     return {(str(a), p): n for (a, p), n in count_server_connections(sockets).items()}
 
 
@@ -118,7 +120,7 @@ def test_unmap() -> None:
 # -- the dump itself ------------------------------------------------------------------------
 
 
-def pyroute2_sockets() -> list[TcpSocket]:
+def pyroute2_sockets() -> list[InetSocket]:
     """The same dump through pyroute2's DiagSocket: the reference the raw one must match."""
     from pyroute2 import DiagSocket
 
@@ -128,7 +130,7 @@ def pyroute2_sockets() -> list[TcpSocket]:
         for family in (socket.AF_INET, socket.AF_INET6):
             for m in ds.get_sock_stats(family=family, states=DUMP_STATES):
                 out.append(
-                    TcpSocket(
+                    InetSocket(
                         m["idiag_family"],
                         m["idiag_state"],
                         ipaddress.ip_address(m["idiag_src"]),
@@ -204,3 +206,53 @@ def test_parse_dump_skips_other_dumps_and_ends_at_done() -> None:
     assert parse_dump(stale, 7) == ([], False)
     with pytest.raises(OSError, match="truncated netlink message"):
         parse_dump(struct.pack("=IHHII", 64, NLMSG_DONE, 0, 7, 0) + bytes(4), 7)
+
+
+def test_inactive_counts_the_server_side_connections_not_established() -> None:
+    socks = [
+        listen("::", 80),
+        est(VIP4, 80),
+        est(VIP4, 80),
+        sock(TCP_SYN_RECV, VIP4, 80),
+        sock(FIN_WAIT1, VIP4, 80),
+        sock(CLOSE_WAIT, VIP6, 80),
+        sock(FIN_WAIT1, OWN4, 40000),  # a client socket of the backend: not counted
+    ]
+    total, inactive = count_tcp(socks)
+    v4, v6 = ipaddress.ip_address(VIP4), ipaddress.ip_address(VIP6)
+    assert total == {(v4, 80): 4, (v6, 80): 1}
+    assert inactive == {(v4, 80): 2, (v6, 80): 1}
+
+
+def test_udp_flows_are_connected_sockets_on_a_port_a_bound_socket_serves() -> None:
+    v4, v6 = ipaddress.ip_address(VIP4), ipaddress.ip_address(VIP6)
+    udp = [
+        sock(TCP_CLOSE, "0.0.0.0", 53),  # the server's unconnected socket
+        sock(TCP_CLOSE, VIP6, 443),
+        sock(TCP_ESTABLISHED, VIP4, 53),  # per-client connected sockets (a QUIC server)
+        sock(TCP_ESTABLISHED, VIP4, 53),
+        sock(TCP_ESTABLISHED, VIP6, 443),
+        sock(TCP_ESTABLISHED, VIP6, 53),  # an IPv4 wildcard serves no IPv6 address
+        sock(TCP_ESTABLISHED, OWN4, 41000),  # the backend's own resolver query
+    ]
+    assert count_udp_flows(udp) == {(v4, 53): 2, (v6, 443): 1}
+
+
+def test_the_udp_dump_sees_bound_and_connected_sockets() -> None:
+    server = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    flow = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    peer = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    try:
+        for s in (server, flow):
+            s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        server.bind(("127.0.0.1", 0))
+        port = server.getsockname()[1]
+        peer.bind(("127.0.0.1", 0))
+        flow.bind(("127.0.0.1", port))
+        flow.connect(peer.getsockname())
+        with ConnectionCounter() as counter:
+            got = {(s.state, s.port) for s in counter.udp_sockets() if s.port == port}
+    finally:
+        for s in (server, flow, peer):
+            s.close()
+    assert got == {(TCP_CLOSE, port), (TCP_ESTABLISHED, port)}

@@ -2,7 +2,8 @@
 
 At the end of each interval, besides the rates of :mod:`~xdplb.agent.sampling`:
 
-- conns: the server-side TCP connections open per (local address, port), from sock_diag
+- conns: the server-side TCP connections open per (local address, port), and of them
+  those not ESTABLISHED, and the connected UDP sockets of served ports, from sock_diag
   (:mod:`~xdplb.agent.serverconns`): what a drain waits on, as under direct server return
   only the backend sees connections end;
 - chain: host_tc's event counters (second-hop forwards and the rest), when host_tc is
@@ -19,9 +20,10 @@ import threading
 import time
 from collections.abc import Callable, Mapping
 from pathlib import Path
+from typing import Any, TypeVar
 
 from xdplb.agent.sampling import PROC_SNMP, PROC_STAT, Sampler, take_sample
-from xdplb.agent.serverconns import ConnectionCounter
+from xdplb.agent.serverconns import ConnectionCounter, ServerConns
 from xdplb.agent.wire import (
     MAX_CONNS,
     MAX_COUNTER,
@@ -33,9 +35,10 @@ from xdplb.agent.wire import (
 )
 from xdplb.core import paths
 from xdplb.core.errors import XdplbError
-from xdplb.core.reports import ConnKey
 
 log = logging.getLogger("xdplb.agent")  # the agent's one logger, whichever module logs
+
+K = TypeVar("K", bound=tuple[Any, ...])
 
 
 def read_chain(instance: str) -> dict[str, int] | None:
@@ -53,36 +56,41 @@ def read_chain(instance: str) -> dict[str, int] | None:
     return {e.name.lower(): min(n, MAX_COUNTER) for e, n in events.items()}
 
 
-def largest(
-    conns: Mapping[ConnKey, int], limit: int = MAX_CONNS
-) -> tuple[dict[ConnKey, int], bool]:
-    """The ``limit`` largest entries (ties by address and port), and whether any were left
-    out."""
+def largest(conns: Mapping[K, int], limit: int = MAX_CONNS) -> tuple[dict[K, int], bool]:
+    """The ``limit`` largest entries (ties by key: IPv4 first, then address and port), and
+    whether any were left out. Keys are (address, port), or (kind, address, port)."""
     if len(conns) <= limit:
         return dict(conns), False
-    order = sorted(conns.items(), key=lambda kv: (-kv[1], *conn_order(kv)))
-    return dict(order[:limit]), True
+
+    def order(kv: tuple[K, int]) -> tuple[int, ...]:
+        *kind, addr, port = kv[0]
+        return (-kv[1], *kind, *conn_order(((addr, port), kv[1])))
+
+    return dict(sorted(conns.items(), key=order)[:limit]), True
 
 
 class _Measure:
     """The end-of-interval measurements besides /proc: connections and host_tc counters."""
 
-    def __init__(
-        self,
-        count_conns: Callable[[], Mapping[ConnKey, int]],
-        host_instance: str | None,
-    ) -> None:
+    def __init__(self, count_conns: Callable[[], ServerConns], host_instance: str | None) -> None:
         self._count_conns = count_conns
         self._host_instance = host_instance
         self._chain_failing = False
         self._truncating = False
 
-    def conns(self) -> tuple[dict[ConnKey, int], bool]:
-        kept, truncated = largest(self._count_conns())
+    def conns(self) -> tuple[ServerConns, bool]:
+        """The counts, the largest MAX_CONNS entries of TCP and UDP together."""
+        counted = self._count_conns()
+        both = {(0, a, p): n for (a, p), n in counted.tcp.items()}
+        both |= {(1, a, p): n for (a, p), n in counted.udp.items()}
+        kept, truncated = largest(both)
         if truncated and not self._truncating:
             log.warning("more than %d (address, port) with connections: largest sent", MAX_CONNS)
         self._truncating = truncated
-        return kept, truncated
+        tcp = {(a, p): n for (u, a, p), n in kept.items() if not u}
+        udp = {(a, p): n for (u, a, p), n in kept.items() if u}
+        inactive = {k: n for k, n in counted.tcp_inactive.items() if k in tcp}
+        return ServerConns(tcp, inactive, udp), truncated
 
     def chain(self) -> dict[str, int] | None:
         if self._host_instance is None:
@@ -108,7 +116,7 @@ def run_agent(
     proc_stat: Path | str = PROC_STAT,
     proc_snmp: Path | str = PROC_SNMP,
     seq_start: int | None = None,
-    count_conns: Callable[[], Mapping[ConnKey, int]] | None = None,
+    count_conns: Callable[[], ServerConns] | None = None,
     host_instance: str | None = None,
 ) -> int:
     """Report to ``target`` every ``interval`` seconds until ``stop`` is set.
@@ -147,7 +155,17 @@ def run_agent(
             cpu, rps = measured
             # Last, right before the send: the receiver's clock then tells when it was true.
             conns, truncated = measure.conns()
-            wire = WireReport(name, cpu, rps, seq, conns, truncated, measure.chain())
+            wire = WireReport(
+                name,
+                cpu,
+                rps,
+                seq,
+                conns.tcp,
+                truncated,
+                measure.chain(),
+                conns.tcp_inactive,
+                conns.udp,
+            )
             seq = seq + 1 if seq < MAX_SEQ else 0
             try:
                 sock.sendto(encode_report(wire), address)

@@ -1,4 +1,5 @@
-"""This host's server-side TCP connections, counted per local (address, port).
+"""This host's server-side connections, counted per local (address, port): TCP ones (all,
+and those not ESTABLISHED), and UDP flows.
 
 A drain waits for a backend's last connection of a VIP to end, and under direct server
 return only the backend sees connections end. The agent counts them with a sock_diag
@@ -14,6 +15,16 @@ dump (NETLINK_SOCK_DIAG, what ``ss`` uses):
   IPv4 address, which is how the configuration writes VIPs;
 - loopback addresses are left out: never a VIP, and a host's local chatter (a proxy to
   its app) would take room in the bounded report.
+
+Of the TCP connections, the ones in another state than ESTABLISHED (a handshake, a close
+under way) are also counted apart: ``xdplb list`` shows them as InActConn, as ipvsadm does.
+
+UDP flows are the connected UDP sockets (state ESTABLISHED) whose local port has an
+unconnected socket bound on their address or the wildcard (the server's, the UDP
+listener); a client socket of the backend uses an ephemeral port no server holds. The
+flows of a server that answers from its one unconnected socket are invisible here: a
+UDP drain also waits for lb_xdp's packets to the backend to stop
+(:mod:`xdplb.control.drain`).
 
 Connections are counted per network namespace: run the agent where the VIP's connections
 terminate. The dump is linear in the sockets of the namespace, once per report.
@@ -35,7 +46,7 @@ import socket
 import struct
 from collections import Counter
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from xdplb.core.addresses import IPAddress, unmap
 from xdplb.core.closing import Closing
@@ -50,6 +61,8 @@ TCP_LISTEN = 10
 _ALL_STATES = (1 << 12) - 1
 #: What one dump asks for: listeners and connections, not the dead (TIME_WAIT, CLOSE).
 DUMP_STATES = _ALL_STATES & ~((1 << TCP_TIME_WAIT) | (1 << TCP_CLOSE))
+#: A UDP dump: connected sockets (ESTABLISHED) and bound unconnected ones (CLOSE).
+UDP_DUMP_STATES = (1 << TCP_ESTABLISHED) | (1 << TCP_CLOSE)
 
 # <linux/netlink.h>, <linux/sock_diag.h>, <linux/inet_diag.h>
 NETLINK_SOCK_DIAG = 4
@@ -72,13 +85,13 @@ _RECV_BUF = 1 << 18
 
 
 @dataclass(frozen=True, slots=True)
-class TcpSocket:
-    """One socket of a sock_diag dump, as far as counting needs it."""
+class InetSocket:
+    """One socket of a sock_diag dump (TCP or UDP), as far as counting needs it."""
 
     family: int
     """AF_INET or AF_INET6: the socket's own family (a dual-stack socket is AF_INET6)."""
     state: int
-    """TCP state, ``TCP_*``."""
+    """TCP state, ``TCP_*`` (a UDP socket: ESTABLISHED when connected, else CLOSE)."""
     local: IPAddress
     """Local address as the kernel has it (possibly IPv4-mapped)."""
     port: int
@@ -87,14 +100,27 @@ class TcpSocket:
     """IPV6_V6ONLY of an AF_INET6 socket; only listeners' matters."""
 
 
-def count_server_connections(sockets: Iterable[TcpSocket]) -> dict[ConnKey, int]:
-    """Server-side connections per (local address, local port); only non-zero entries."""
+@dataclass(frozen=True, slots=True)
+class ServerConns:
+    """One count of the namespace's server-side connections; non-zero entries only."""
+
+    tcp: dict[ConnKey, int]
+    """TCP connections in any state but LISTEN, TIME_WAIT and CLOSE (what a drain waits on)."""
+    tcp_inactive: dict[ConnKey, int] = field(default_factory=dict)
+    """Of ``tcp``, those not ESTABLISHED."""
+    udp: dict[ConnKey, int] = field(default_factory=dict)
+    """Connected UDP sockets on a served (address, port)."""
+
+
+def _server_side(sockets: Iterable[InetSocket], listening: int) -> list[tuple[ConnKey, int]]:
+    """(key, state) of every connection whose (address, port) has a socket in state
+    ``listening`` on that address or on its family's wildcard."""
     exact: set[ConnKey] = set()
     wildcard: set[tuple[int, int]] = set()  # (IP version, port)
-    conns: list[ConnKey] = []
+    conns: list[tuple[ConnKey, int]] = []
     for s in sockets:
         local = unmap(s.local)
-        if s.state == TCP_LISTEN:
+        if s.state == listening:
             if not local.is_unspecified:
                 exact.add((local, s.port))
             elif local.version == 4:
@@ -103,11 +129,31 @@ def count_server_connections(sockets: Iterable[TcpSocket]) -> dict[ConnKey, int]
                 wildcard.add((6, s.port))
                 if not s.v6only:
                     wildcard.add((4, s.port))
-        elif s.state not in (TCP_TIME_WAIT, TCP_CLOSE) and not local.is_loopback:
-            conns.append((local, s.port))
-    return dict(
-        Counter(k for k in conns if k in exact or (k[0].version, k[1]) in wildcard).most_common()
-    )
+        elif s.state not in (TCP_TIME_WAIT, TCP_CLOSE, TCP_LISTEN) and not local.is_loopback:
+            conns.append(((local, s.port), s.state))
+    return [(k, st) for k, st in conns if k in exact or (k[0].version, k[1]) in wildcard]
+
+
+def _counted(keys: Iterable[ConnKey]) -> dict[ConnKey, int]:
+    return dict(Counter(keys).most_common())
+
+
+def count_server_connections(sockets: Iterable[InetSocket]) -> dict[ConnKey, int]:
+    """Server-side TCP connections per (local address, local port); only non-zero entries."""
+    return _counted(k for k, _ in _server_side(sockets, TCP_LISTEN))
+
+
+def count_tcp(sockets: Iterable[InetSocket]) -> tuple[dict[ConnKey, int], dict[ConnKey, int]]:
+    """Server-side TCP connections per (address, port): all of them, and those not
+    ESTABLISHED."""
+    conns = _server_side(sockets, TCP_LISTEN)
+    return _counted(k for k, _ in conns), _counted(k for k, st in conns if st != TCP_ESTABLISHED)
+
+
+def count_udp_flows(sockets: Iterable[InetSocket]) -> dict[ConnKey, int]:
+    """Connected UDP sockets per served (local address, port): an unconnected socket
+    (state CLOSE) bound there or on the wildcard stands for the listener."""
+    return _counted(k for k, _ in _server_side(sockets, TCP_CLOSE))
 
 
 def _align4(n: int) -> int:
@@ -126,10 +172,10 @@ def _v6only(data: bytes, start: int, end: int) -> bool:
     return False
 
 
-def parse_dump(data: bytes, seq: int) -> tuple[list[TcpSocket], bool]:
+def parse_dump(data: bytes, seq: int) -> tuple[list[InetSocket], bool]:
     """The sockets in one netlink read of a SOCK_DIAG_BY_FAMILY dump, and whether the
     dump is over (NLMSG_DONE). An NLMSG_ERROR raises OSError with its errno."""
-    out: list[TcpSocket] = []
+    out: list[InetSocket] = []
     off = 0
     while off + _NLMSGHDR.size <= len(data):
         length, kind, _flags, msg_seq, _pid = _NLMSGHDR.unpack_from(data, off)
@@ -147,9 +193,9 @@ def parse_dump(data: bytes, seq: int) -> tuple[list[TcpSocket], bool]:
             family, state, port, _dport, src = _MSG_HEAD.unpack_from(data, body)
             raw = src[:4] if family == socket.AF_INET else src
             v6only = False
-            if state == TCP_LISTEN and family == socket.AF_INET6:
+            if state in (TCP_LISTEN, TCP_CLOSE) and family == socket.AF_INET6:
                 v6only = _v6only(data, body + _MSG_LEN, off + length)
-            out.append(TcpSocket(family, state, ipaddress.ip_address(raw), port, v6only))
+            out.append(InetSocket(family, state, ipaddress.ip_address(raw), port, v6only))
         off += _align4(length)
     return out, False
 
@@ -166,27 +212,34 @@ class ConnectionCounter(Closing):
             self._sock.close()
             raise
 
-    def _dump(self, family: int) -> list[TcpSocket]:
+    def _dump(self, family: int, protocol: int = socket.IPPROTO_TCP) -> list[InetSocket]:
         self._seq += 1
-        req = _REQ.pack(family, socket.IPPROTO_TCP, 0, DUMP_STATES)
+        states = DUMP_STATES if protocol == socket.IPPROTO_TCP else UDP_DUMP_STATES
+        req = _REQ.pack(family, protocol, 0, states)
         hdr = _NLMSGHDR.pack(
             _NLMSGHDR.size + len(req), SOCK_DIAG_BY_FAMILY, NLM_F_REQUEST | NLM_F_DUMP, self._seq, 0
         )
         self._sock.send(hdr + req)
-        out: list[TcpSocket] = []
+        out: list[InetSocket] = []
         while True:
             got, done = parse_dump(self._sock.recv(_RECV_BUF), self._seq)
             out += got
             if done:
                 return out
 
-    def sockets(self) -> list[TcpSocket]:
+    def sockets(self) -> list[InetSocket]:
         """Every TCP socket of the namespace but TIME_WAIT and CLOSE ones, both families
         (a dump filters by family and state only: ports would need a bytecode filter)."""
         return self._dump(socket.AF_INET) + self._dump(socket.AF_INET6)
 
-    def count(self) -> dict[ConnKey, int]:
-        return count_server_connections(self.sockets())
+    def udp_sockets(self) -> list[InetSocket]:
+        """Every UDP socket of the namespace, connected or bound, both families."""
+        udp = socket.IPPROTO_UDP
+        return self._dump(socket.AF_INET, udp) + self._dump(socket.AF_INET6, udp)
+
+    def count(self) -> ServerConns:
+        tcp, inactive = count_tcp(self.sockets())
+        return ServerConns(tcp, inactive, count_udp_flows(self.udp_sockets()))
 
     def close(self) -> None:
         self._sock.close()

@@ -2,14 +2,22 @@
 
 ::
 
-    {"backend": "198.18.0.11", "cpu": 0.42, "rps": 812.0, "seq": 1718000000123,
-     "conns": [["198.18.100.1", 80, 3], ["fd78:6470:6c62:100::1", 443, 1]],
+    {"v": 2, "backend": "198.18.0.11", "cpu": 0.42, "rps": 812.0, "seq": 1718000000123,
+     "conns": [["198.18.100.1", 80, 3, 1], ["fd78:6470:6c62:100::1", 443, 1, 0]],
+     "udp": [["198.18.100.1", 53, 2]],
      "chain": {"pass": 1200, "forward": 12, ...}}
+
+``v`` is the format's version. Version 2 (this agent's) writes each ``conns`` entry as
+``[address, port, connections, of which not ESTABLISHED]`` and adds ``udp``, the
+connected UDP sockets per served (address, port) (:mod:`xdplb.agent.serverconns`).
+Version 1 (no ``v``: agents before it) wrote ``[address, port, connections]`` and no
+``udp``; a receiver takes both, and a version-1 report leaves those counts unknown.
 
 ``seq`` counts up by one per report and starts at the wall clock in milliseconds, so a
 restarted agent starts above anything its previous run sent (at under one report per ms).
-``conns`` holds non-zero entries only, the largest :data:`MAX_CONNS` of them; when there
-were more, ``"conns_truncated": true`` says so (an entry missing is then unknown, not 0).
+``conns`` and ``udp`` hold non-zero entries only, the largest :data:`MAX_CONNS` of them
+together; when there were more, ``"conns_truncated": true`` says so (an entry missing is
+then unknown, not 0).
 An agent always sends ``conns``, if empty: a report without it comes from an agent that
 does not count (older), which a drain must not read as "no connections left". ``chain``
 is absent when host_tc is not pinned.
@@ -34,12 +42,15 @@ from xdplb.core.addresses import IPAddress, unmap
 from xdplb.core.reports import ConnKey, LoadReport
 
 #: Largest report datagram accepted. The largest valid report (a 253-character name of
-#: 4-byte UTF-8 characters, MAX_CONNS IPv6 entries, MAX_CHAIN counters) takes under 7 KiB
+#: 4-byte UTF-8 characters, MAX_CONNS IPv6 entries, MAX_CHAIN counters) takes under 8 KiB
 #: (tests/unit/test_agent.py checks it); a usual one is under 1 KiB.
 MAX_DATAGRAM = 8192
+#: The format this module writes; it reads 1 and 2.
+WIRE_VERSION = 2
 #: Longest backend identity (a DNS name's length).
 MAX_NAME = 253
-#: Most (address, port) entries in ``conns``; the agent sends the largest ones.
+#: Most (address, port) entries in ``conns`` and ``udp`` together; the agent sends the
+#: largest ones.
 MAX_CONNS = 64
 #: Largest connection count of one entry.
 MAX_CONN_COUNT = 2**32 - 1
@@ -71,6 +82,12 @@ class WireReport:
     """There were more entries than ``conns`` holds (it has the largest)."""
     chain: Mapping[str, int] | None = field(default=None, hash=False)
     """host_tc's event counters by lower-case name; None: host_tc not pinned."""
+    conns_inactive: Mapping[ConnKey, int] | None = field(default=None, hash=False)
+    """Of ``conns``, the connections not ESTABLISHED, non-zero entries only; None: not
+    counted (a version-1 report)."""
+    udp: Mapping[ConnKey, int] | None = field(default=None, hash=False)
+    """Connected UDP sockets per served (address, port), non-zero entries only; None: not
+    counted (a version-1 report)."""
 
     def __post_init__(self) -> None:
         check_backend(self.backend)
@@ -89,10 +106,38 @@ class WireReport:
             raise ValueError("conns_truncated: set without conns")
         if self.chain is not None:
             object.__setattr__(self, "chain", MappingProxyType(_checked_chain(self.chain)))
+        if (self.conns_inactive is None) != (self.udp is None) or (
+            self.udp is not None and self.conns is None
+        ):
+            raise ValueError("conns_inactive, udp: both or neither, and only with conns")
+        if self.conns_inactive is not None and self.conns is not None:
+            inactive = _checked_conns(self.conns_inactive, "conns_inactive")
+            for key, n in inactive.items():
+                if n > self.conns.get(key, 0):
+                    raise ValueError(f"conns_inactive[{key!r}]: {n}, more than conns has")
+            object.__setattr__(self, "conns_inactive", MappingProxyType(inactive))
+        if self.udp is not None and self.conns is not None:
+            udp = _checked_conns(self.udp, "udp")
+            if len(udp) + len(self.conns) > MAX_CONNS:
+                raise ValueError(f"udp: with conns, more than {MAX_CONNS} entries")
+            object.__setattr__(self, "udp", MappingProxyType(udp))
+
+    @property
+    def version(self) -> int:
+        """The wire format that carries this report (1: no inactive or UDP counts)."""
+        return 1 if self.udp is None else WIRE_VERSION
 
     def received(self, at: float) -> LoadReport:
         return LoadReport(
-            self.backend, self.cpu, self.rps, at, self.conns, self.conns_truncated, self.chain
+            self.backend,
+            self.cpu,
+            self.rps,
+            at,
+            self.conns,
+            self.conns_truncated,
+            self.chain,
+            self.conns_inactive,
+            self.udp,
         )
 
 
@@ -117,13 +162,13 @@ def _check_int(where: str, v: object, lo: int, hi: int) -> int:
     return v
 
 
-def _checked_conns(conns: Mapping[ConnKey, int]) -> dict[ConnKey, int]:
+def _checked_conns(conns: Mapping[ConnKey, int], name: str = "conns") -> dict[ConnKey, int]:
     """A normalised copy (IPv4-mapped keys as IPv4); every key and count checked."""
     if len(conns) > MAX_CONNS:
-        raise ValueError(f"conns: {len(conns)} entries, more than {MAX_CONNS}")
+        raise ValueError(f"{name}: {len(conns)} entries, more than {MAX_CONNS}")
     out: dict[ConnKey, int] = {}
     for key, count in conns.items():
-        where = f"conns[{key!r}]"
+        where = f"{name}[{key!r}]"
         if not (isinstance(key, tuple) and len(key) == 2):
             raise ValueError(f"{where}: key must be (address, port)")
         addr, port = key
@@ -152,7 +197,7 @@ def _checked_chain(chain: Mapping[str, int]) -> dict[str, int]:
 
 
 _FIELDS = ("backend", "cpu", "rps", "seq")
-_OPTIONAL = ("conns", "conns_truncated", "chain")
+_OPTIONAL = ("v", "conns", "conns_truncated", "chain", "udp")
 
 
 def conn_order(item: tuple[ConnKey, int]) -> tuple[int, int, int]:
@@ -162,16 +207,16 @@ def conn_order(item: tuple[ConnKey, int]) -> tuple[int, int, int]:
 
 
 def encode_report(report: WireReport) -> bytes:
-    doc: dict[str, object] = {
-        "backend": report.backend,
-        "cpu": report.cpu,
-        "rps": report.rps,
-        "seq": report.seq,
-    }
+    doc: dict[str, object] = {} if report.version == 1 else {"v": report.version}
+    doc |= {"backend": report.backend, "cpu": report.cpu, "rps": report.rps, "seq": report.seq}
+    inactive = report.conns_inactive
     if report.conns is not None:
         doc["conns"] = [
-            [str(a), p, n] for (a, p), n in sorted(report.conns.items(), key=conn_order)
+            [str(a), p, n] if inactive is None else [str(a), p, n, inactive.get((a, p), 0)]
+            for (a, p), n in sorted(report.conns.items(), key=conn_order)
         ]
+    if report.udp is not None:
+        doc["udp"] = [[str(a), p, n] for (a, p), n in sorted(report.udp.items(), key=conn_order)]
     if report.conns_truncated:
         doc["conns_truncated"] = True
     if report.chain is not None:
@@ -189,23 +234,32 @@ def _parse_address(where: str, v: object) -> IPAddress:
         raise ValueError(f"{where}: address must be an IP address, got {v!r}") from None
 
 
-def _decode_conns(v: object) -> dict[ConnKey, int]:
-    """``[[address, port, count], ...]``, each checked and named by its index."""
+def _decode_conns(
+    v: object, name: str = "conns", inactive: dict[ConnKey, int] | None = None
+) -> dict[ConnKey, int]:
+    """``[[address, port, count], ...]`` (with ``inactive`` given, ``[address, port,
+    count, inactive]``, the fourth numbers put there), each checked and named by its index."""
     if not isinstance(v, list):
-        raise ValueError(f"conns: must be a list, got {type(v).__name__}")
+        raise ValueError(f"{name}: must be a list, got {type(v).__name__}")
     if len(v) > MAX_CONNS:
-        raise ValueError(f"conns: {len(v)} entries, more than {MAX_CONNS}")
+        raise ValueError(f"{name}: {len(v)} entries, more than {MAX_CONNS}")
     out: dict[ConnKey, int] = {}
+    width = 3 if inactive is None else 4
     for i, entry in enumerate(v):
-        where = f"conns[{i}]"
-        if not (isinstance(entry, list) and len(entry) == 3):
-            raise ValueError(f"{where}: must be [address, port, count]")
+        where = f"{name}[{i}]"
+        if not (isinstance(entry, list) and len(entry) == width):
+            shape = "count" if width == 3 else "count, inactive"
+            raise ValueError(f"{where}: must be [address, port, {shape}]")
         addr = unmap(_parse_address(where, entry[0]))
         port = _check_int(f"{where} port", entry[1], 1, 65535)
         count = _check_int(f"{where} count", entry[2], 1, MAX_CONN_COUNT)
         if (addr, port) in out:
             raise ValueError(f"{where}: {addr} port {port} given twice")
         out[addr, port] = count
+        if inactive is not None:
+            n = _check_int(f"{where} inactive", entry[3], 0, count)
+            if n:
+                inactive[addr, port] = n
     return out
 
 
@@ -231,11 +285,29 @@ def decode_report(data: bytes) -> WireReport:
     for key in _FIELDS:
         if key not in doc:
             raise ValueError(f"{key}: missing")
-    conns = _decode_conns(doc["conns"]) if "conns" in doc else None
+    version = doc.get("v", 1)
+    if version not in (1, WIRE_VERSION) or isinstance(version, bool):
+        raise ValueError(f"v: version {str(version)[:20]} is not one this receiver reads (1, 2)")
+    inactive: dict[ConnKey, int] | None = None
+    udp: dict[ConnKey, int] | None = None
+    conns = None
+    if version == 1:
+        if "udp" in doc:
+            raise ValueError("udp: a version-1 report has none (send v: 2)")
+        if "conns" in doc:
+            conns = _decode_conns(doc["conns"])
+    else:
+        if "conns" not in doc:
+            raise ValueError("conns: missing (a version-2 report counts connections)")
+        inactive = {}
+        conns = _decode_conns(doc["conns"], inactive=inactive)
+        udp = _decode_conns(doc.get("udp", []), "udp")
     truncated = doc.get("conns_truncated", False)
     if not isinstance(truncated, bool):
         raise ValueError(f"conns_truncated: must be true or false, got {truncated!r}")
     chain = doc.get("chain")
     if "chain" in doc and not isinstance(chain, dict):
         raise ValueError(f"chain: must be an object, got {json.dumps(chain)[:40]}")
-    return WireReport(doc["backend"], doc["cpu"], doc["rps"], doc["seq"], conns, truncated, chain)
+    return WireReport(
+        doc["backend"], doc["cpu"], doc["rps"], doc["seq"], conns, truncated, chain, inactive, udp
+    )

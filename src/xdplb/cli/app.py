@@ -24,6 +24,7 @@ from typing import Annotated, NoReturn
 
 import typer
 
+from xdplb.cli import views
 from xdplb.cli.args import (
     EXIT_CONFIG,
     EXIT_NOT_RUNNING,
@@ -58,7 +59,8 @@ from xdplb.cli.render import (
     print_host_events,
     print_json,
     print_status,
-    vip_lines,
+    view,
+    view_lines,
 )
 from xdplb.config import AclConfig, BackendConfig, EncapKind, HashFields, TableKindName, load_config
 from xdplb.config import Protocol as L4Protocol
@@ -208,17 +210,18 @@ def vip_list(
     token: TokenOpt = None,
     as_json: JsonOpt = False,
 ) -> None:
-    """Every VIP and its backends, like ``ipvsadm -L -n``."""
+    """Every VIP and its backends, like ``ipvsadm -L -n`` (``xdplb list`` has more views);
+    --json: the API's VIP objects."""
     with _api(config, instance, api, token) as client:
         vips = client.vips()
     if as_json:
         print_json([v.model_dump(mode="json") for v in vips])
         return
-    for line in vip_lines(vips, counters=False):
+    for line in view_lines(view(vips, None)):
         typer.echo(line)
 
 
-app.command("list", help="Same as `xdplb vip list`.")(vip_list)
+views.register(app, _api)
 
 
 @vip_app.command("add")

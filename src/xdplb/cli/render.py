@@ -8,13 +8,15 @@ from __future__ import annotations
 import json
 import sys
 from collections.abc import Iterator, Mapping
+from typing import Any
 
 import typer
 from rich.console import Console
 from rich.table import Table
 
 from xdplb.control.interface import AclView, ChangeResult, DrainStatus
-from xdplb.control.status import MapStatus, Status, VipStatus
+from xdplb.control.sessions import Connection
+from xdplb.control.status import BackendStatus, MapStatus, Status, VipStatus
 
 console = Console()
 err = Console(stderr=True)
@@ -33,30 +35,190 @@ def _opt(value: object) -> str:
     return "-" if value is None else str(value)
 
 
-def vip_lines(vips: list[VipStatus], counters: bool) -> Iterator[str]:
-    """``ipvsadm -L -n``-like: a line per VIP, an indented line per backend."""
-    yield "Prot LocalAddress:Port Table"
-    yield "  -> RemoteAddress:Port  Forward  Weight  Effective  Health  Admin  ActiveConn  Share"
+def _human(n: float) -> str:
+    """ipvsadm's counts: as they are up to 99,999, then K, M, G (powers of 1000)."""
+    for unit in ("", "K", "M", "G", "T"):
+        if abs(n) < 100_000 or unit == "T":
+            return f"{n:.0f}{unit}"
+        n /= 1000
+    raise AssertionError("unreachable")
+
+
+# -- the VIP view ------------------------------------------------------------------------
+
+
+def _conns(b: BackendStatus, table: dict[tuple[str, str], int] | None, vip: str) -> dict[str, Any]:
+    """ActiveConn, InActConn and where they come from: the agent, else the session table
+    (None: not read)."""
+    if b.established is not None:
+        inactive = b.inactive
+        active = b.established - inactive if inactive is not None else b.established
+        return {"active": active, "inactive": inactive, "conns_source": "agent"}
+    if table is not None:
+        return {"active": table.get((vip, b.address), 0), "inactive": None, "conns_source": "table"}
+    return {"active": None, "inactive": None, "conns_source": None}
+
+
+def view(
+    vips: list[VipStatus],
+    table: dict[tuple[str, str], int] | None,
+    *,
+    stats: bool = False,
+    rate: dict[str, dict[str, float]] | None = None,
+) -> list[dict[str, Any]]:
+    """The VIP view as JSON types (``--json``): ``rate`` maps a VIP's or a backend's
+    key (its name, ``name backend``) to cps, pps, bps."""
+    out = []
     for v in vips:
-        line = f"{v.protocol.upper():<4} {_host(v.address)}:{v.port} {v.table}"
-        if counters:
-            line += f"  {v.hash}  packets {v.packets}  bytes {v.bytes}  new {v.new_flows}"
-        if v.all_down:
-            line += "  ALL BACKENDS DOWN (last table kept)"
-        yield line
-        ends = [f"{_host(b.address)}:{v.port}" for b in v.backends]
-        width = max(map(len, ends), default=0)
-        for b, end in zip(v.backends, ends, strict=True):
-            line = (
-                f"  -> {end:<{width}}  Tunnel({v.encap})  weight {_opt(b.weight)}  "
-                f"eff {_opt(b.effective_weight)}  {b.health}  {b.admin}  "
-                f"ActiveConn {_opt(b.established)}  share {b.table_share:.1%}"
+        doc: dict[str, Any] = {
+            "vip": v.name,
+            "protocol": v.protocol,
+            "address": v.address,
+            "port": v.port,
+            "scheduler": v.table,
+            "hash": v.hash,
+            "all_down": v.all_down,
+        }
+        if stats:
+            doc |= {"conns": v.new_flows, "packets": v.packets, "bytes": v.bytes}
+        if rate is not None:
+            doc |= rate.get(v.name, {})
+        backends = []
+        for b in v.backends:
+            bd: dict[str, Any] = {
+                "address": b.address,
+                "port": v.port,
+                "forward": v.encap,
+                "weight": b.weight,
+                "effective_weight": b.effective_weight,
+                **_conns(b, table, v.name),
+                "health": b.health,
+                "admin": b.admin,
+            }
+            if stats:
+                bd |= {"conns": b.new_flows, "packets": b.packets, "bytes": b.bytes}
+            if rate is not None:
+                bd |= rate.get(f"{v.name} {b.address}", {})
+            backends.append(bd)
+        doc["backends"] = backends
+        out.append(doc)
+    return out
+
+
+def rates(before: Status, after: Status, seconds: float) -> dict[str, dict[str, float]]:
+    def per(a: VipStatus | BackendStatus, b: VipStatus | BackendStatus) -> dict[str, float]:
+        return {
+            "cps": (b.new_flows - a.new_flows) / seconds,
+            "pps": (b.packets - a.packets) / seconds,
+            "bps": (b.bytes - a.bytes) / seconds,
+        }
+
+    out: dict[str, dict[str, float]] = {}
+    old = {v.name: v for v in before.vips}
+    for v in after.vips:
+        was = old.get(v.name)
+        if was is None:
+            continue
+        out[v.name] = per(was, v)
+        old_b = {b.address: b for b in was.backends}
+        for b in v.backends:
+            if b.address in old_b:
+                out[f"{v.name} {b.address}"] = per(old_b[b.address], b)
+    return out
+
+
+def _width(doc: list[dict[str, Any]]) -> int:
+    """The first column's width: every VIP's and every backend's (with its arrow) fits."""
+    names = [len(f"{v['protocol']:<4} {_host(v['address'])}:{v['port']}") for v in doc]
+    ends = [5 + len(f"{_host(b['address'])}:{b['port']}") for v in doc for b in v["backends"]]
+    return max([*names, *ends, 22])
+
+
+def status_lines(st: Status) -> Iterator[str]:
+    """``xdplb status``'s VIP table: configuration, health and counters, a backend a
+    line within 100 columns for IPv4 (the weights' and counters' ``-``: not known)."""
+    doc = view(st.vips, None, stats=True)
+    width = _width(doc)
+    yield (
+        f"{'Prot LocalAddress:Port':<{width}}  Weight   Eff  Share ActConn InAct "
+        f"{'InPkts':>8} {'InBytes':>8} State"
+    )
+    for v, vs in zip(doc, st.vips, strict=True):
+        name = f"{v['protocol'].upper():<4} {_host(v['address'])}:{v['port']}"
+        flags = f"{v['scheduler']} {vs.encap} {v['hash']}"
+        down = "  ALL BACKENDS DOWN (last table kept)" if v["all_down"] else ""
+        nums = f"{_human(v['packets']):>8} {_human(v['bytes']):>8}"
+        yield f"{name:<{width}}  {flags:<33} {nums}{down}"
+        for b, bs in zip(v["backends"], vs.backends, strict=True):
+            end = f"{_host(b['address'])}:{b['port']}"
+            normal = ("up", "unchecked", "enabled")
+            state = ",".join(s for s in (b["health"], b["admin"]) if s not in normal) or "-"
+            yield (
+                f"  -> {end:<{width - 5}}  {_opt(b['weight']):>6} {_opt(b['effective_weight']):>5} "
+                f"{bs.table_share:>6.1%} {_opt(b['active']):>7} {_opt(b['inactive']):>5} "
+                f"{_human(b['packets']):>8} {_human(b['bytes']):>8} {state}"
             )
-            if counters:
-                line += f"  packets {b.packets}  bytes {b.bytes}  new {b.new_flows}"
-                if b.health_detail:
-                    line += f"  ({b.health_detail})"
-            yield line
+
+
+def view_lines(
+    doc: list[dict[str, Any]], *, stats: bool = False, rate: bool = False
+) -> Iterator[str]:
+    """``ipvsadm -L -n``'s layout of :func:`view`'s ``doc``: a header, a line per VIP,
+    an indented line per backend, columns aligned; numbers with K/M/G past 99,999."""
+    width = _width(doc)
+    head = f"  -> {'RemoteAddress:Port':<{width - 5}}"
+    if stats:
+        yield f"{'Prot LocalAddress:Port':<{width}}  {'Conns':>8} {'InPkts':>8} {'InBytes':>8}"
+        yield f"{head}  {'Conns':>8} {'InPkts':>8} {'InBytes':>8}"
+        cols: tuple[str, ...] = ("conns", "packets", "bytes")
+    elif rate:
+        yield f"{'Prot LocalAddress:Port':<{width}}  {'CPS':>8} {'InPPS':>8} {'InBPS':>8}"
+        yield f"{head}  {'CPS':>8} {'InPPS':>8} {'InBPS':>8}"
+        cols = ("cps", "pps", "bps")
+    else:
+        yield "Prot LocalAddress:Port Scheduler Flags"
+        yield f"{head}  Forward Weight ActiveConn InActConn State"
+        cols = ()
+    for v in doc:
+        name = f"{v['protocol'].upper():<4} {_host(v['address'])}:{v['port']}"
+        if cols:
+            nums = " ".join(f"{_human(v.get(c, 0)):>8}" for c in cols)
+            yield f"{name:<{width}}  {nums}"
+        else:
+            flags = "sh" if v["hash"] == "source" else ""
+            down = "  ALL BACKENDS DOWN (last table kept)" if v["all_down"] else ""
+            yield f"{name} {v['scheduler']} {flags}".rstrip() + down
+        for b in v["backends"]:
+            end = f"{_host(b['address'])}:{b['port']}"
+            if cols:
+                nums = " ".join(f"{_human(b.get(c, 0)):>8}" for c in cols)
+                yield f"  -> {end:<{width - 5}}  {nums}"
+                continue
+            state = [
+                s for s in (b["health"], b["admin"]) if s not in ("up", "unchecked", "enabled")
+            ]
+            table = "*" if b["conns_source"] == "table" else ""
+            yield (
+                f"  -> {end:<{width - 5}}  {b['forward']:<7} {_opt(b['weight']):>6} "
+                f"{_opt(b['active']) + table:>10} {_opt(b['inactive']):>9} "
+                f"{','.join(state) or '-'}"
+            ).rstrip()
+    if any(b["conns_source"] == "table" for v in doc for b in v["backends"]) and not cols:
+        yield "* entries of the session table (no agent reports for that backend)"
+    if stats or rate:
+        yield "(a backend's counters are its traffic over all VIPs)"
+
+
+def connection_lines(conns: Iterator[Connection]) -> Iterator[str]:
+    """``ipvsadm -L -n -c``'s layout, one line per entry as it is read (widths fit IPv4)."""
+    yield f"{'Pro':<4}{'FromIP:Port':<22} {'ToIP:Port':<22} {'Backend':<16} Set:Way Rank"
+    for c in conns:
+        src = f"{_host(c.client)}:{c.client_port}"
+        dst = f"{_host(c.destination)}:{c.destination_port}"
+        yield (
+            f"{c.protocol.upper():<4}{src:<22} {dst:<22} {_opt(c.backend):<16} "
+            f"{c.set}:{c.way} {c.rank}"
+        )
 
 
 def map_lines(maps: list[MapStatus]) -> Iterator[str]:
@@ -88,15 +250,33 @@ def print_status(st: Status) -> None:
     if st.health_checks is not None:
         line += f"; {st.health_checks} health checks"
     typer.echo(line)
-    for line in vip_lines(st.vips, counters=True):
+    for line in status_lines(st):
         typer.echo(line)
+    for v in st.vips:
+        for b in v.backends:
+            if b.health_detail and b.health == "down":
+                typer.echo(f"{v.name} backend {b.address} down: {b.health_detail}")
     for line in map_lines(st.maps):
         typer.echo(line)
-    typer.echo("events: " + ("  ".join(f"{k} {n}" for k, n in st.events.items()) or "none"))
-    typer.echo("drops: " + ("  ".join(f"{k} {n}" for k, n in st.drops.items()) or "none"))
+    for what, counts in (("events", st.events), ("drops", st.drops)):
+        for line in _wrapped(f"{what}:", [f"{k} {n}" for k, n in counts.items()] or ["none"]):
+            typer.echo(line)
     acl = [h for h in st.acl if h.scope != "global" or h.allow or h.deny or h.default]
     for h in acl:
         typer.echo(f"acl {h.scope}: allow {h.allow}  deny {h.deny}  default {h.default}")
+
+
+def _wrapped(head: str, items: list[str], width: int = 100) -> Iterator[str]:
+    """``head`` and ``items`` two spaces apart, lines within ``width`` columns (the
+    continuations indented)."""
+    line, sep = head, " "
+    for item in items:
+        if len(line) + len(sep) + len(item) > width and sep == "  ":
+            yield line
+            line, sep = "", "  "  # a continuation: indented by its separator
+        line += sep + item
+        sep = "  "
+    yield line
 
 
 def changed(what: str, r: ChangeResult) -> None:
@@ -110,11 +290,13 @@ def changed(what: str, r: ChangeResult) -> None:
 
 
 def drain_line(d: DrainStatus) -> str:
+    udp = d.vip.endswith("/udp")
     if d.established is None:
-        est = "established connections unknown (no agent report yet)"
+        est = f"{'flows' if udp else 'established connections'} unknown (no agent report yet)"
     else:
-        est = f"{d.established} established"
-    return f"backend {d.backend} of {d.vip}: {d.admin}, {est}"
+        est = f"{d.established} {'connected UDP sockets' if udp else 'established'}"
+    idle = f", no packet for {d.idle:.1f} s" if d.idle is not None else ""
+    return f"backend {d.backend} of {d.vip}: {d.admin}, {est}{idle}"
 
 
 def print_acl(view: AclView) -> None:

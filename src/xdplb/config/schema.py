@@ -305,6 +305,9 @@ class VipConfig(_Model):
     """This VIP gets the IP fragments to its address and protocol (their port is
     unknown). Default: the port-0 VIP of the address and protocol, else its only VIP;
     with several and no choice, fragments are dropped."""
+    udp_drain_idle: Annotated[float, Field(gt=0, le=3600)] = 30.0
+    """UDP: seconds without a packet from lb_xdp to a drained backend after which its
+    drain is done (its agent must also count no connected socket); TCP VIPs ignore it."""
     health: HealthCheckConfig | None = None
     """Health check of every backend of this VIP (a backend may have its own); none:
     the backends count as up. A backend that fails leaves the table until it recovers."""

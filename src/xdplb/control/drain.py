@@ -9,6 +9,13 @@ Sans-I/O, like :mod:`xdplb.control.weight_law`: reports and receive times go in,
 out. A count is only as new as the report it came in: :func:`drain_done` will not call a
 drain done on a count measured before the drain began.
 
+UDP: an agent counts the connected UDP sockets of a served port, but the flows of a
+server answering from one unconnected socket are invisible to it. A UDP drain is done
+when the agent counts no connected socket and lb_xdp has forwarded no packet to the
+backend for the VIP's ``udp_drain_idle`` seconds since the drain began
+(:class:`PacketIdle`, :func:`udp_drain_done`). The counter is the backend's over all
+VIPs: traffic of another VIP to it keeps the drain waiting (on the safe side).
+
 A backend is known by its agent's ``--name``, which is the backend's address as the
 configuration writes it; a report whose name is not an IP address is kept out.
 """
@@ -39,6 +46,8 @@ class _Latest:
     at: float
     conns: Mapping[ConnKey, int]
     truncated: bool
+    inactive: Mapping[ConnKey, int] | None = None
+    udp: Mapping[ConnKey, int] | None = None
 
 
 def backend_address(name: str) -> IPAddress | None:
@@ -73,7 +82,9 @@ class ConnectionCounts:
             return
         self._chain[backend] = (at, report.chain)
         if report.conns is not None:
-            self._conns[backend] = _Latest(at, report.conns, report.conns_truncated)
+            self._conns[backend] = _Latest(
+                at, report.conns, report.conns_truncated, report.conns_inactive, report.udp
+            )
 
     def established(
         self, backend: IPAddress, vip_address: IPAddress, vip_port: int
@@ -98,6 +109,34 @@ class ConnectionCounts:
             return None
         return Count(value or 0, latest.at)
 
+    def inactive(self, backend: IPAddress, vip_address: IPAddress, vip_port: int) -> int | None:
+        """Of :meth:`established`'s count, the connections not ESTABLISHED; None when the
+        report cannot tell (an agent of format 1, a truncated report, a wildcard VIP)."""
+        latest = self._conns.get(unmap(backend))
+        if latest is None or latest.inactive is None or vip_port == 0:
+            return None
+        key = (unmap(vip_address), vip_port)
+        if key not in latest.conns and latest.truncated:
+            return None
+        return latest.inactive.get(key, 0)
+
+    def udp_flows(self, backend: IPAddress, vip_address: IPAddress, vip_port: int) -> Count | None:
+        """Connected UDP sockets ``backend`` has on ``vip_address`` port ``vip_port`` (0:
+        every port summed); None when no report can tell (none from a UDP-counting agent,
+        or truncated without the entry)."""
+        latest = self._conns.get(unmap(backend))
+        if latest is None or latest.udp is None:
+            return None
+        vip = unmap(vip_address)
+        if vip_port == 0:
+            if latest.truncated:
+                return None
+            return Count(sum(n for (a, _), n in latest.udp.items() if a == vip), latest.at)
+        value = latest.udp.get((vip, vip_port))
+        if value is None and latest.truncated:
+            return None
+        return Count(value or 0, latest.at)
+
     def chain_events(self, backend: IPAddress) -> Mapping[str, int] | None:
         """host_tc's counters on ``backend`` by lower-case event name, as of its latest
         report; None: no report yet, or host_tc is not pinned there."""
@@ -118,3 +157,33 @@ def drain_done(count: Count | None, drain_started: float, *, margin: float = 0.0
     if count is None or not count.measured_at > drain_started + margin:
         return None
     return count.value == 0
+
+
+class PacketIdle:
+    """Since when each backend's packet counter (lb_xdp's, over all VIPs) has not moved,
+    as far as the samples fed to it show: a counter is idle from the sample that first
+    saw its current value, never from before."""
+
+    def __init__(self) -> None:
+        self._seen: dict[IPAddress, tuple[int, float]] = {}
+
+    def observe(self, backend: IPAddress, packets: int, now: float) -> float:
+        """Take a sample; returns when the counter took the value it has (<= ``now``)."""
+        last = self._seen.get(backend)
+        if last is None or last[0] != packets:
+            self._seen[backend] = (packets, now)
+            return now
+        return last[1]
+
+
+def udp_drain_done(
+    count: Count | None, drain_started: float, idle_since: float, now: float, idle: float
+) -> bool | None:
+    """Whether a UDP drain that began at ``drain_started`` is over: the agent counted no
+    connected socket since it began (``count``, :meth:`ConnectionCounts.udp_flows`), and
+    no packet went to the backend for ``idle`` seconds within it (``idle_since``: from
+    :meth:`PacketIdle.observe`). None: no count measured since the drain began."""
+    done = drain_done(count, drain_started)
+    if not done:
+        return done
+    return now - max(idle_since, drain_started) >= idle

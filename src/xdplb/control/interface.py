@@ -16,6 +16,7 @@ from pydantic import BaseModel, ConfigDict
 
 from xdplb.config import Config
 from xdplb.config import Protocol as L4Protocol
+from xdplb.control.sessions import ConnectionPage, ConnectionQuery, SessionCount
 from xdplb.control.status import AclHits, Admin, Status, vip_name
 from xdplb.core.addresses import IPAddress
 
@@ -60,8 +61,12 @@ class DrainStatus(_Out):
     established: int | None
     """Open connections the agent last reported (None: no report since the drain began)."""
     done: bool | None
-    """True once a report taken after the drain began says none are left; None: cannot
-    tell (no agent reports for this backend)."""
+    """True once a report taken after the drain began says none are left (UDP: and no
+    packet went to the backend for the VIP's ``udp_drain_idle``); None: cannot tell (no
+    agent reports for this backend)."""
+    idle: float | None = None
+    """UDP: seconds lb_xdp has forwarded no packet to the backend within the drain (as
+    sampled by the daemon); None for TCP, or not draining."""
 
 
 class Controller(Protocol):
@@ -92,3 +97,11 @@ class Controller(Protocol):
         ...
 
     def drain_status(self, vip: VipRef, backend: IPAddress) -> DrainStatus: ...
+
+    def connections(self, query: ConnectionQuery, *, cursor: int, limit: int) -> ConnectionPage:
+        """A page of the session table (:func:`xdplb.control.sessions.page`)."""
+        ...
+
+    def session_counts(self) -> list[SessionCount]:
+        """Session-table entries per (VIP, backend), from a walk of the whole table."""
+        ...

@@ -36,9 +36,10 @@ from xdplb.config import (
     load_config,
 )
 from xdplb.control import planner
-from xdplb.control.drain import ConnectionCounts, Count, drain_done
+from xdplb.control.drain import ConnectionCounts, Count, PacketIdle, drain_done, udp_drain_done
 from xdplb.control.interface import ChangeResult, DrainStatus, VipRef
 from xdplb.control.overlay import Member, Overlay, effective
+from xdplb.control.sessions import ConnectionPage, ConnectionQuery, SessionCount, counts, page
 from xdplb.control.status import (
     Admin,
     BackendView,
@@ -50,6 +51,7 @@ from xdplb.control.status import (
     build,
 )
 from xdplb.control.vip_weights import WeightFeedback
+from xdplb.core import abi
 from xdplb.core.addresses import IPAddress
 from xdplb.core.errors import ConfigError
 from xdplb.core.mapops import DeleteTable, PutTable
@@ -86,6 +88,7 @@ class Runtime:
         self.last_live: dict[str, dict[IPAddress, int]] = {}
         self.all_down: set[str] = set()
         self.counts = ConnectionCounts()
+        self.idle = PacketIdle()
         self.health = HealthMonitor(self._on_health)
         self.targets = HealthTargets(self.instance)
         #: Set by the daemon: called when something changed that needs a new plan.
@@ -265,32 +268,49 @@ class Runtime:
         return self.drain_status(vip, backend)
 
     def _established(self, vip: VipConfig | VipRef, backend: IPAddress) -> Count | None:
-        """Open connections of ``vip`` on ``backend``, as its agent last reported them;
-        None when unknown. Agents count TCP sockets: a UDP VIP's are never known."""
+        """Open connections of ``vip`` on ``backend`` (UDP: connected sockets), as its
+        agent last reported them; None when unknown."""
         if vip.protocol is not Protocol.TCP:
-            return None
+            return self.counts.udp_flows(backend, vip.address, vip.port)
         return self.counts.established(backend, vip.address, vip.port)
+
+    def _drain_done(self, member: Member) -> tuple[bool | None, float | None]:
+        """Whether ``member``'s drain is over, and (UDP) for how long within it no
+        packet went to the backend (control.drain says when each is done)."""
+        since = self.drains.get(member)
+        vip = next(v for v in self.running.vips if v.name == member[0])
+        if since is None:
+            return None, None
+        count = self._established(vip, member[1])
+        if vip.protocol is Protocol.TCP:
+            return drain_done(count, since), None
+        now = time.monotonic()
+        ids = [i for i, b in self.dp.snapshot().backends.items() if b.addr == member[1]]
+        raw = [
+            r for i in ids for r in self.dp["lb_be_stats"].lookup_percpu(i.to_bytes(4, "little"))
+        ]
+        packets = sum(abi.Stats.from_buffer_copy(r).packets for r in raw)
+        idle_since = self.idle.observe(member[1], packets, now)
+        done = udp_drain_done(count, since, idle_since, now, vip.udp_drain_idle)
+        return done, now - max(idle_since, since)
 
     def drain_status(self, vip: VipRef, backend: IPAddress) -> DrainStatus:
         member = self._member(vip, backend)
         count = self._established(vip, backend)
-        since = self.drains.get(member)
-        done = drain_done(count, since) if since is not None else None
+        done, idle = self._drain_done(member)
         return DrainStatus(
             vip=vip.name,
             backend=str(backend),
-            admin=self._admin(member),
+            admin=self._admin(member, done),
             established=count.value if count is not None else None,
             done=done,
+            idle=idle,
         )
 
-    def _admin(self, member: Member) -> Admin:
-        since = self.drains.get(member)
-        if since is None:
+    def _admin(self, member: Member, done: bool | None = None) -> Admin:
+        if member not in self.drains:
             return "enabled"
-        vip = next(v for v in self.running.vips if v.name == member[0])
-        count = self._established(vip, member[1])
-        return "drained" if drain_done(count, since) else "draining"
+        return "drained" if (done or self._drain_done(member)[0]) else "draining"
 
     def _load_admin(self) -> dict[Member, float]:
         try:
@@ -310,6 +330,12 @@ class Runtime:
         tmp = self.admin_path.with_suffix(".tmp")
         tmp.write_text(json.dumps(doc) + "\n")
         os.replace(tmp, self.admin_path)
+
+    def connections(self, query: ConnectionQuery, *, cursor: int, limit: int) -> ConnectionPage:
+        return page(self.dp.conns, self.dp.snapshot(), query, cursor=cursor, limit=limit)
+
+    def session_counts(self) -> list[SessionCount]:
+        return counts(self.dp.conns, self.dp.snapshot())
 
     # -- status --------------------------------------------------------------------------
 
@@ -362,6 +388,9 @@ class Runtime:
                         else None,
                         admin=self._admin(member),
                         established=count.value if count is not None else None,
+                        inactive=self.counts.inactive(b.address, vip.address, vip.port)
+                        if vip.protocol is Protocol.TCP
+                        else None,
                         second_hop_forwards=chain.get("forward") if chain is not None else None,
                     )
                 )

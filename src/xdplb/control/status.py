@@ -61,8 +61,11 @@ class BackendStatus(_Out):
     admin: Admin
     """From the pins: ``enabled`` (the pins do not hold drains)."""
     established: int | None
-    """Connections of this VIP the backend's agent reports open (None: no agent, or from
-    the pins)."""
+    """Connections of this VIP the backend's agent reports open, in any state but
+    TIME_WAIT (UDP: connected sockets); None: no agent, or from the pins."""
+    inactive: int | None = None
+    """Of ``established``, the TCP connections not in ESTABLISHED (ipvsadm's InActConn);
+    None: no agent that counts them, a UDP VIP, or from the pins."""
     table_share: float
     """Fraction of the VIP's buckets whose first hop is this backend."""
     packets: int
@@ -196,6 +199,7 @@ class BackendView:
     health_changed_ago: float | None = None
     admin: Admin = "enabled"
     established: int | None = None
+    inactive: int | None = None
     second_hop_forwards: int | None = None
 
 

@@ -48,6 +48,10 @@ class LoadReport:
     chain: Mapping[str, int] | None = field(default=None, hash=False)
     """host_tc's event counters on the backend (lower-case :class:`xdplb.core.abi.HostEvent`
     names: ``forward`` counts second-hop forwards); None when host_tc is not pinned."""
+    conns_inactive: Mapping[ConnKey, int] | None = field(default=None, hash=False)
+    """Of ``conns``, the connections not ESTABLISHED; None: not counted (an older agent)."""
+    udp: Mapping[ConnKey, int] | None = field(default=None, hash=False)
+    """Connected UDP sockets per served (local address, port); None: not counted."""
 
     def __post_init__(self) -> None:
         if not isinstance(self.backend, str) or not self.backend:
@@ -64,3 +68,7 @@ class LoadReport:
             raise ValueError("conns_truncated: set without conns")
         if self.chain is not None:
             object.__setattr__(self, "chain", MappingProxyType(dict(self.chain)))
+        for name in ("conns_inactive", "udp"):
+            value = getattr(self, name)
+            if value is not None:
+                object.__setattr__(self, name, MappingProxyType(dict(value)))

@@ -56,6 +56,7 @@ from starlette.routing import BaseRoute, Match
 from xdplb.config import AclConfig, BackendConfig, Config, VipConfig, parse_config
 from xdplb.config import Protocol as L4Protocol
 from xdplb.control.interface import AclView, ChangeResult, Controller, DrainStatus, VipRef
+from xdplb.control.sessions import MAX_PAGE, ConnectionPage, SessionCount, parse_query
 from xdplb.control.status import AclHits, BackendStatus, Status, VipStatus
 from xdplb.core.addresses import IPAddress
 from xdplb.core.errors import ConfigError
@@ -510,6 +511,28 @@ def create_app(
         cfg, i = vip_config(ref)
         return change(_with_acl(cfg, acl, i), persist)
 
+    @api.get("/connections", summary="A page of the session table, filtered (xdplb list -c)")
+    async def list_connections(
+        vip: Annotated[str | None, Query(description="ADDRESS:PORT[/PROTOCOL]")] = None,
+        backend: Annotated[str | None, Query(description="backend address")] = None,
+        client: Annotated[str | None, Query(description="client address or prefix")] = None,
+        limit: Annotated[int, Query(ge=1, le=MAX_PAGE)] = 1000,
+        cursor: Annotated[int, Query(ge=0, description="`next` of the previous page")] = 0,
+    ) -> ConnectionPage:
+        def read() -> ConnectionPage:
+            try:
+                return ctl.connections(
+                    parse_query(vip, backend, client), cursor=cursor, limit=limit
+                )
+            except ConfigError as e:  # a parameter out of range: the request's fault
+                raise ApiError(400, e.message, e.field) from None
+
+        return _guard(read)
+
+    @api.get("/connections/counts", summary="Session-table entries per VIP and backend")
+    async def connection_counts() -> list[SessionCount]:
+        return _guard(ctl.session_counts)
+
     app.include_router(api)
 
     @app.get(
@@ -541,6 +564,7 @@ class _NoController:
         raise RuntimeError("no controller: this app only serves its specification")
 
     status = config = replace_config = reload = drain = enable = drain_status = _absent
+    connections = session_counts = _absent
 
 
 def openapi_spec() -> dict[str, Any]:

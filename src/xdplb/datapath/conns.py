@@ -21,6 +21,8 @@ the rare race of a flush with two lb_xdp writers of one set is described in lb_c
 from __future__ import annotations
 
 import ctypes
+from collections.abc import Iterator
+from typing import NamedTuple
 
 import numpy as np
 import numpy.typing as npt
@@ -57,6 +59,19 @@ SET_DTYPE = np.dtype(
 
 #: Copies of one set tried before giving up on a set that lb_xdp keeps writing.
 _READ_TRIES = 1000
+#: Sets one chunk of :meth:`ConnTable.chunks` reads (320 KiB at 320 bytes a set).
+CHUNK_SETS = 1024
+
+
+class Entry(NamedTuple):
+    """One way in use of one set, as :meth:`ConnTable.iter_entries` yields it."""
+
+    set: int
+    way: int
+    key: bytes
+    """The flow key (``struct xdplb_flow_key``, 40 bytes)."""
+    backend_id: int
+    hash: int
 
 
 class TornRead(RuntimeError):
@@ -103,6 +118,45 @@ class ConnTable:
         for idx in np.nonzero((first["seq"] & 1) | (first["seq"] != again["seq"]))[0]:
             first[idx] = np.frombuffer(self._read_raw(int(idx)), dtype=SET_DTYPE)[0]
         return first
+
+    def read_sets(self, start: int, count: int) -> npt.NDArray[np.void]:
+        """Sets ``start`` .. ``start + count - 1`` (fewer at the end), each seq-validated as
+        :meth:`sets` does: one batch copy, a second to compare seqs, a set copy per
+        set that changed."""
+        first = np.frombuffer(
+            self.map.lookup_array_range(start, count, BPF_F_LOCK), dtype=SET_DTYPE
+        ).copy()
+        again = np.frombuffer(
+            self.map.lookup_array_range(start, len(first), BPF_F_LOCK), dtype=SET_DTYPE
+        )
+        for idx in np.nonzero((first["seq"] & 1) | (first["seq"] != again["seq"]))[0]:
+            first[idx] = np.frombuffer(self._read_raw(start + int(idx)), dtype=SET_DTYPE)[0]
+        return first
+
+    def chunks(
+        self, start: int = 0, chunk: int = CHUNK_SETS
+    ) -> Iterator[tuple[int, npt.NDArray[np.void]]]:
+        """(first set index, sets) from set ``start`` to the end, ``chunk`` sets at a time:
+        a reader holds one chunk, never the table."""
+        if chunk < 1:
+            raise ValueError(f"chunk: must be at least 1 set, got {chunk}")
+        for first in range(start, self.sets_count, chunk):
+            yield first, self.read_sets(first, chunk)
+
+    def iter_entries(self, start: int = 0, chunk: int = CHUNK_SETS) -> Iterator[Entry]:
+        """Every entry from set ``start`` on, in set then way order, read by :meth:`chunks`.
+        A flow that moves while the walk is under way may be seen twice or not at all
+        (each set is consistent, the table as a whole is not: lb_xdp keeps writing)."""
+        for first, sets in self.chunks(start, chunk):
+            for s, w in zip(*np.nonzero(sets["backend_id"]), strict=True):
+                rec = sets[s]
+                yield Entry(
+                    first + int(s),
+                    int(w),
+                    bytes(rec["slot"][w])[:_KEY],
+                    int(rec["backend_id"][w]),
+                    int(rec["hash"][w]),
+                )
 
     def count(self) -> int:
         """Entries in the table."""

@@ -356,3 +356,25 @@ class Map(Closing):
         self._require_array()
         _, values, _ = self.lookup_batch(flags)
         return values
+
+    def lookup_array_range(self, start: int, count: int, flags: int = 0) -> bytes:
+        """Values of indices ``start`` .. ``start + count - 1`` of an array map (fewer at
+        its end), concatenated: one bpf_map_lookup_batch call. Its cursor is the key
+        before the batch (the kernel walks get_next_key from it), none for index 0."""
+        self._require_array()
+        count = max(0, min(count, self.max_entries - start))
+        if count == 0:
+            return b""
+        ks, vs = self.key_size, self.value_stride
+        keys = ffi.new("char[]", count * ks)
+        values = ffi.new("char[]", count * vs)
+        in_token = ffi.new("__u32 *", start - 1 if start else 0)
+        out_token = ffi.new("__u32 *")
+        n = ffi.new("__u32 *", count)
+        opts = new_opts("bpf_map_batch_opts", elem_flags=flags)
+        ret = lib.bpf_map_lookup_batch(
+            self._fd, in_token if start else ffi.NULL, out_token, keys, values, n, opts
+        )
+        if ret != -errno.ENOENT:  # ENOENT: the map ended within the batch
+            check(ret, f"bpf_map_lookup_batch({self.name}, from {start})")
+        return bytes(ffi.buffer(values, n[0] * vs))
