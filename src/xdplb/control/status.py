@@ -159,6 +159,9 @@ class Status(_Out):
     """Health checks completed since the daemon started; None from the pins."""
     acl: list[AclHits] = []
     """ACL hits of the global scope and of every VIP that has rules or hits."""
+    last_reload_error: str | None = None
+    """Why the last reload was refused (what it would have dropped, or the file's error);
+    None once one applies."""
 
 
 # -- the builder's inputs ----------------------------------------------------------------
@@ -244,6 +247,7 @@ class DaemonView:
     last_rebuild_ms: float | None
     health_checks: int
     vips: Sequence[VipView]
+    last_reload_error: str | None = None
 
 
 # -- the builder -------------------------------------------------------------------------
@@ -327,6 +331,7 @@ def build(maps: MapsView, daemon: DaemonView | None = None) -> Status:
         last_rebuild_ms=daemon.last_rebuild_ms if daemon is not None else None,
         health_checks=daemon.health_checks if daemon is not None else None,
         acl=acl,
+        last_reload_error=daemon.last_reload_error if daemon is not None else None,
     )
 
 

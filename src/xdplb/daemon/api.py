@@ -55,7 +55,14 @@ from starlette.routing import BaseRoute, Match
 
 from xdplb.config import AclConfig, BackendConfig, Config, VipConfig, parse_config
 from xdplb.config import Protocol as L4Protocol
-from xdplb.control.interface import AclView, ChangeResult, Controller, DrainStatus, VipRef
+from xdplb.control.interface import (
+    AclView,
+    ChangeResult,
+    Controller,
+    DrainStatus,
+    ReloadRefused,
+    VipRef,
+)
 from xdplb.control.status import AclHits, BackendStatus, Status, VipStatus
 from xdplb.core.addresses import IPAddress
 from xdplb.core.errors import ConfigError
@@ -366,9 +373,23 @@ def create_app(
     async def put_config(cfg: Config, persist: PersistQ = False) -> ChangeResult:
         return change(cfg, persist)
 
-    @api.post("/reload", summary="Re-read the configuration file (drops unpersisted changes)")
-    async def reload() -> ChangeResult:
-        return _guard(ctl.reload)
+    @api.post(
+        "/reload",
+        summary="Re-read the configuration file (409 if it drops unpersisted changes)",
+        responses={409: {"model": ErrorBody, "description": "It would drop API changes"}},
+    )
+    async def reload(
+        force: Annotated[
+            bool, Query(description="apply the file even if it drops changes")
+        ] = False,
+    ) -> ChangeResult:
+        def reload_or_refuse() -> ChangeResult:
+            try:
+                return ctl.reload(force=force)
+            except ReloadRefused as e:
+                raise ApiError(409, str(e)) from None
+
+        return _guard(reload_or_refuse)
 
     @api.get("/vips", summary="Every VIP with its backends")
     async def list_vips() -> list[VipStatus]:
