@@ -14,7 +14,8 @@ Errors are all ``{"error": message, "field": dotted path or ""}``:
 
 - 400: malformed path or query (``/vips/not-an-ip/80/tcp``, ``port`` 70000);
 - 401: missing or wrong bearer token (with ``WWW-Authenticate: Bearer``);
-- 404: unknown VIP, backend or route; 405: method not allowed; 409: the VIP exists;
+- 404: unknown VIP, backend or route; 405: method not allowed; 409: the VIP exists, or
+  a reload would drop changes made through the API (``?force=true`` applies it);
 - 422: the body does not validate, or the controller refused the change
   (:class:`~xdplb.core.errors.ConfigError`); ``field`` is the dotted path (``weight``,
   ``backends[1].weight``; a refused configuration names it in the whole configuration,

@@ -7,7 +7,8 @@ Lifecycle (docs/design.md §2):
   program atomically;
 - reload on SIGHUP, on ``POST /api/v1/reload`` or when the file changes: a configuration
   that fails validation changes nothing (the error names the field) and the running one
-  keeps serving;
+  keeps serving; so does one that would drop a change made through the API, unless
+  forced (the log names each change it kept);
 - SIGTERM/SIGINT: the daemon exits and leaves the programs attached (restart/upgrade);
 - ``xdplb stop``: the daemon exits and the instance is detached and unpinned.
 
@@ -106,6 +107,13 @@ def bind_api(api: ApiConfig, instance: str) -> socket.socket:
     sock.listen(128)
     sock.setblocking(False)
     return sock
+
+
+def _version() -> str:
+    try:
+        return importlib.metadata.version("xdplb")
+    except importlib.metadata.PackageNotFoundError:  # run from a tree that is not installed
+        return "unknown"
 
 
 def api_address(api: ApiConfig, instance: str) -> str:
@@ -266,7 +274,7 @@ class Daemon:
         """The startup line: what runs, from which file, where to reach it, on what."""
         cfg = self.rt.running
         fields = {
-            "version": importlib.metadata.version("xdplb"),
+            "version": _version(),
             "instance": cfg.instance,
             "config": str(self.rt.config_path),
             "api": api_address(cfg.api, cfg.instance) + (" (token)" if token else ""),
