@@ -9,7 +9,7 @@ import threading
 from dataclasses import dataclass, field
 
 from xdplb.config import Config, parse_config
-from xdplb.control.interface import ChangeResult, DrainStatus, VipRef
+from xdplb.control.interface import ChangeResult, DrainStatus, ReloadRefused, VipRef
 from xdplb.control.sessions import (
     Connection,
     ConnectionPage,
@@ -79,6 +79,8 @@ class FakeController:
     persisted: int = 0
     #: Set to make the next replace_config fail like a bug in the daemon.
     explode: bool = False
+    #: What a reload without force would drop: it is refused, naming them.
+    refuse_reload: list[str] = field(default_factory=list)
     lock: threading.Lock = field(default_factory=threading.Lock)
 
     def __post_init__(self) -> None:
@@ -171,8 +173,10 @@ class FakeController:
             operations=ops, persisted=persist, runtime_changes=self.cfg != self.file_cfg
         )
 
-    def reload(self) -> ChangeResult:
+    def reload(self, *, force: bool = False) -> ChangeResult:
         assert self.file_cfg is not None
+        if self.refuse_reload and not force:
+            raise ReloadRefused(list(self.refuse_reload))
         return self.replace_config(self.file_cfg, persist=False)
 
     def drain(self, vip: VipRef, backend: IPAddress) -> DrainStatus:
@@ -224,6 +228,7 @@ class FakeController:
         self.cfg = self.file_cfg = parse_config(CONFIG)
         self.drains.clear()
         self.explode = False
+        self.refuse_reload = []
 
     def report(self, vip: str, backend: str, established: int) -> None:
         """What the backend's agent would say after a drain began."""

@@ -98,6 +98,26 @@ def test_reload_drops_unpersisted_changes(client: TestClient, fake: FakeControll
     assert fake.cfg.vips[0].backends[0].weight == 2
 
 
+def test_a_reload_that_would_drop_changes_is_a_409_naming_them(
+    client: TestClient, fake: FakeController
+) -> None:
+    assert client.patch(BE, json={"weight": 9}).status_code == 200
+    fake.refuse_reload = [
+        "VIP 198.18.100.1:80/tcp: backend 198.18.0.11 weight 9 (set through the API) would become 2"
+    ]
+    msg, field = error(client.post("/api/v1/reload"), 409)
+    assert msg == (
+        "reload refused, the running configuration is kept: VIP 198.18.100.1:80/tcp: backend "
+        "198.18.0.11 weight 9 (set through the API) would become 2 (force it to apply the "
+        "file anyway, or persist the changes)"
+    )
+    assert field == ""
+    assert fake.cfg.vips[0].backends[0].weight == 9  # nothing changed
+    r = client.post("/api/v1/reload", params={"force": "true"})
+    assert r.status_code == 200, r.text
+    assert fake.cfg.vips[0].backends[0].weight == 2
+
+
 def test_vip_create_replace_delete(client: TestClient, fake: FakeController) -> None:
     body = {"address": "198.18.100.7", "port": 443, "backends": [{"address": "198.18.0.11"}]}
     r = client.post("/api/v1/vips", json=body)

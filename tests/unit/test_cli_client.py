@@ -276,6 +276,26 @@ def test_api_errors_exit_2_with_the_field_and_5xx_exits_1(served: Served) -> Non
     )
 
 
+def test_reload_refused_exits_2_naming_what_it_would_drop_and_force_applies(
+    served: Served,
+) -> None:
+    fake = served.fake
+    code, _, err = xdplb("acl", "deny", "203.0.113.0/24")
+    assert code == EXIT_OK, err
+    fake.refuse_reload = ["acl: deny 203.0.113.0/24 (added through the API) would be dropped"]
+    code, out, err = xdplb("reload")
+    assert (code, out) == (EXIT_CONFIG, "")
+    assert err == (
+        "error 409: reload refused, the running configuration is kept: acl: deny "
+        "203.0.113.0/24 (added through the API) would be dropped (force it to apply the file "
+        "anyway, or persist the changes)\n"
+    )
+    assert [str(p) for p in fake.cfg.acl.deny] == ["203.0.113.0/24"]
+    code, out, err = xdplb("reload", "--force")
+    assert (code, out, err) == (EXIT_OK, "reloaded: 1 map operations\n", "")
+    assert fake.cfg.acl.deny == []
+
+
 def test_drain_wait_returns_once_the_agent_reports_none_left(served: Served) -> None:
     fake = served.fake
 

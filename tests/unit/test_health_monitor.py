@@ -360,3 +360,32 @@ def test_duplicate_keys_are_refused() -> None:
     m = HealthMonitor(lambda k, up: None)
     with pytest.raises(ValueError, match="two targets have the key 'a'"):
         m.set_targets([target("a"), target("a", port=81)])
+
+
+def test_checks_and_transitions_log_nothing(caplog: pytest.LogCaptureFixture) -> None:
+    """The runtime logs each transition once, naming VIP and backend; the monitor adds no
+    line of its own (it logged a repr of the key), and a successful check none at all."""
+    script = "S" * 20 + "FF" + "SS" + "S" * 20
+    results = iter(script)
+    done = asyncio.Event()
+
+    async def check(t: Target) -> CheckResult:
+        r = next(results, None)
+        if r is None:
+            done.set()
+            await asyncio.sleep(3600)  # the script is over: a check that never ends
+        return CheckResult(r == "S", f"fake {r}", 0.001)
+
+    changes = Changes()
+    m = HealthMonitor(changes, check=check)
+    changes.monitor = m
+    m.set_targets([target(("198.18.100.1:80/tcp", ADDR), rise_count=2, fall_count=2)])
+
+    async def body() -> None:
+        await done.wait()
+
+    with caplog.at_level("DEBUG"):
+        run_for(m, body)
+    assert [up for _, up, _ in changes.calls] == [False, True]
+    assert m.checks_total == len(script)
+    assert [r for r in caplog.records if r.name.startswith("xdplb")] == []

@@ -12,7 +12,6 @@ The commands that change a running instance (``vip``, ``backend``, ``acl``) and
 from __future__ import annotations
 
 import contextlib
-import logging
 import os
 import signal
 import socket
@@ -68,6 +67,7 @@ from xdplb.control.interface import VipRef
 from xdplb.control.status import from_pins
 from xdplb.core import abi, paths
 from xdplb.core.errors import ConfigError, XdplbError
+from xdplb.daemon.logs import LogFormat
 
 app = typer.Typer(
     add_completion=False, no_args_is_help=True, help="xdplb: an XDP layer-4 load balancer."
@@ -90,15 +90,16 @@ def validate(config: ConfigOpt) -> None:
 def run(
     config: ConfigOpt,
     verbose: Annotated[bool, typer.Option("--verbose", "-v")] = False,
+    log_format: Annotated[
+        LogFormat, typer.Option(help="text (level logger message key=value) or json lines")
+    ] = LogFormat.TEXT,
 ) -> None:
     """Attach, apply the configuration and keep it applied (SIGHUP or a file change
     reloads). Exiting leaves the programs attached; `xdplb stop` detaches them."""
+    from xdplb.daemon import logs
     from xdplb.daemon.main import Daemon
 
-    logging.basicConfig(
-        level=logging.DEBUG if verbose else logging.INFO,
-        format="%(asctime)s %(name)s %(levelname)s %(message)s",
-    )
+    logs.setup(log_format, verbose=verbose)
     try:
         daemon = Daemon(config)
     except ConfigError as e:
@@ -196,6 +197,23 @@ def _api(
         raise typer.Exit(EXIT_RUNTIME) from None
     except ApiError as e:
         _api_failed(e)
+
+
+@app.command()
+def reload(
+    force: Annotated[
+        bool, typer.Option("--force", help="apply the file even if it drops API changes")
+    ] = False,
+    config: OptConfigOpt = None,
+    instance: InstanceOpt = None,
+    api: ApiOpt = None,
+    token: TokenOpt = None,
+) -> None:
+    """Re-read the configuration file and apply it. Refused (exit 2, naming each change)
+    if that would drop changes made through the API and not persisted, unless --force."""
+    with _api(config, instance, api, token) as client:
+        r = client.reload(force=force)
+    typer.echo(f"reloaded: {r.operations} map operations")
 
 
 vip_app = typer.Typer(no_args_is_help=True, help="VIPs of a running instance (through its API).")

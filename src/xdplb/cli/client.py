@@ -229,8 +229,9 @@ class Client(Closing):
             json=cfg.model_dump(mode="json"),
         )
 
-    def reload(self) -> ChangeResult:
-        return self._get(ChangeResult, "POST", "/api/v1/reload")
+    def reload(self, *, force: bool = False) -> ChangeResult:
+        params = {"force": "true"} if force else {}
+        return self._get(ChangeResult, "POST", "/api/v1/reload", params=params)
 
     def vips(self) -> list[VipStatus]:
         return self._list(VipStatus, "/api/v1/vips")

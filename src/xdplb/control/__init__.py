@@ -8,6 +8,8 @@ operations that make them agree, and the running instance that applies them.
 - :mod:`~xdplb.control.drain`: connection counts per backend, when a drain is done;
 - :mod:`~xdplb.control.status`: the status models and their one builder (the daemon's,
   and the CLI's from the pins);
+- :mod:`~xdplb.control.diff`: two configurations -> one readable line per change (pure);
+- :mod:`~xdplb.control.caller`: who asked for the change being applied (for the log);
 - :mod:`~xdplb.control.interface`: what the daemon offers operators (changes, drains,
   the :class:`~xdplb.control.interface.Controller` protocol);
 - :mod:`~xdplb.control.runtime`: the running instance, which implements it.

@@ -19,6 +19,7 @@ from xdplb.config import Protocol as L4Protocol
 from xdplb.control.sessions import ConnectionPage, ConnectionQuery, SessionCount
 from xdplb.control.status import AclHits, Admin, Status, vip_name
 from xdplb.core.addresses import IPAddress
+from xdplb.core.errors import XdplbError
 
 
 class _Out(BaseModel):
@@ -69,6 +70,19 @@ class DrainStatus(_Out):
     sampled by the daemon); None for TCP, or not draining."""
 
 
+class ReloadRefused(XdplbError):
+    """A reload would drop changes made through the API (not persisted); nothing changed.
+    ``dropped``: one line per change it would drop (:func:`xdplb.control.diff.dropped`)."""
+
+    def __init__(self, dropped: list[str]) -> None:
+        self.dropped = dropped
+        super().__init__(
+            "reload refused, the running configuration is kept: "
+            + "; ".join(dropped)
+            + " (force it to apply the file anyway, or persist the changes)"
+        )
+
+
 class Controller(Protocol):
     """The daemon as the API sees it."""
 
@@ -83,8 +97,10 @@ class Controller(Protocol):
         at all); ``persist`` also writes it to the configuration file."""
         ...
 
-    def reload(self) -> ChangeResult:
-        """Re-read the configuration file (API changes not persisted are dropped)."""
+    def reload(self, *, force: bool = False) -> ChangeResult:
+        """Re-read the configuration file and apply it. ReloadRefused (nothing changed) if
+        that would drop changes made through the API and not persisted, unless ``force``;
+        ConfigError if the file is refused."""
         ...
 
     def drain(self, vip: VipRef, backend: IPAddress) -> DrainStatus:

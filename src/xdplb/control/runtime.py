@@ -36,8 +36,10 @@ from xdplb.config import (
     load_config,
 )
 from xdplb.control import planner
+from xdplb.control.caller import caller
+from xdplb.control.diff import diff, dropped
 from xdplb.control.drain import ConnectionCounts, Count, PacketIdle, drain_done, udp_drain_done
-from xdplb.control.interface import ChangeResult, DrainStatus, VipRef
+from xdplb.control.interface import ChangeResult, DrainStatus, ReloadRefused, VipRef
 from xdplb.control.overlay import Member, Overlay, effective
 from xdplb.control.sessions import ConnectionPage, ConnectionQuery, SessionCount, counts, page
 from xdplb.control.status import (
@@ -71,6 +73,8 @@ class Runtime:
         self.config_path = config_path
         self.file_config: Config = load_config(config_path)  # ConfigError: refuse to start
         self.running = self.file_config
+        #: Why the last reload was refused; None once one applies.
+        self.last_reload_error: str | None = None
         self.instance = self.running.instance
         self.admin_path = run_dir / f"{self.instance}.admin.json"
         self.started = time.monotonic()
@@ -137,7 +141,9 @@ class Runtime:
             weighted, Overlay(frozenset(self.down), frozenset(self.drains)), self.last_live
         )
         for name in eff.all_down - self.all_down:
-            log.warning("VIP %s: every backend is down, keeping its last table", name)
+            log.warning(
+                "VIP %s: every backend is down, keeping its last table", name, extra={"vip": name}
+            )
         self.last_live, self.all_down = eff.last_live, eff.all_down
         wanted = eff.config
         now = time.monotonic()
@@ -154,7 +160,7 @@ class Runtime:
             self.rebuilds += 1
             self.last_rebuild_ms = 1e3 * took
             self.on_rebuild(took)
-            log.info("applied %d map operations in %.1f ms", len(ops), 1e3 * took)
+            log.debug("applied %d map operations in %.1f ms", len(ops), 1e3 * took)
         self.beamer_pending = planner.beamer_pending(wanted, planner.apply_to_snapshot(snap, ops))
         self.running = cfg
         return len(ops)
@@ -171,8 +177,15 @@ class Runtime:
         member: Member = key  # type: ignore[assignment]
         state = self.health.state(key)
         detail = state.last_detail if state is not None else ""
-        log.warning(
-            "%s backend %s is %s (%s)", member[0], member[1], "up" if up else "down", detail
+        health = "up" if up else "down"
+        log.log(
+            logging.INFO if up else logging.WARNING,
+            "VIP %s: backend %s is %s: %s",
+            member[0],
+            member[1],
+            health,
+            detail,
+            extra={"vip": member[0], "backend": str(member[1]), "health": health, "reason": detail},
         )
         if up:
             self.down.discard(member)
@@ -205,21 +218,59 @@ class Runtime:
             raise ConfigError(
                 "instance", f"cannot change while running ({self.instance} -> {cfg.instance})"
             )
+        old = self.running
         n = self.apply(cfg)
         if persist:
             self._write_file(cfg)
+        self._log_changes(f"change by {caller()}" + (" (persisted)" if persist else ""), old, cfg)
         return self._result(n, persist)
 
-    def reload(self) -> ChangeResult:
-        """Re-read the file; apply it if valid. ConfigError (nothing changed) if not."""
-        cfg = load_config(self.config_path)
-        if cfg.instance != self.instance:
-            raise ConfigError(
-                "instance", f"cannot change while running ({self.instance} -> {cfg.instance})"
+    def reload(self, *, force: bool = False) -> ChangeResult:
+        """Re-read the file and apply it. ConfigError if the file is refused,
+        ReloadRefused if it would drop changes made through the API (unless ``force``):
+        either way nothing changed, and :attr:`last_reload_error` says why."""
+        who = caller()
+        try:
+            cfg = load_config(self.config_path)
+            if cfg.instance != self.instance:
+                raise ConfigError(
+                    "instance", f"cannot change while running ({self.instance} -> {cfg.instance})"
+                )
+            lost = dropped(self.file_config, self.running, cfg)
+            if lost and not force:
+                raise ReloadRefused(lost)
+            old = self.running
+            n = self.apply(cfg)  # a refused file changes nothing, file_config included
+        except ReloadRefused as e:
+            self.last_reload_error = str(e)
+            log.warning("reload (%s): %s", who, e, extra={"who": who, "dropped": e.dropped})
+            raise
+        except ConfigError as e:
+            self.last_reload_error = f"{self.config_path}: {e}"
+            log.error(
+                "reload (%s) refused, still serving the previous configuration: %s",
+                who,
+                self.last_reload_error,
+                extra={"who": who, "field": e.field},
             )
-        n = self.apply(cfg)  # a refused file changes nothing, file_config included
+            raise
         self.file_config = cfg
+        self.last_reload_error = None
+        for line in lost:
+            log.warning("reload (%s, forced): %s", who, line, extra={"who": who})
+        self._log_changes(f"reload ({who})", old, cfg)
         return self._result(n, False)
+
+    def _log_changes(self, what: str, old: Config, new: Config) -> None:
+        """One line per change from ``old`` to ``new`` (or one saying there was none)."""
+        who = caller()
+        changes = diff(old, new)
+        if not changes:
+            log.info("%s: no change", what, extra={"who": who})
+        for c in changes:
+            fields = {"who": who, "change": str(c)}
+            fields |= {k: v for k, v in (("vip", c.vip), ("backend", c.backend)) if v is not None}
+            log.info("%s: %s", what, c, extra=fields)
 
     def _result(self, n: int, persisted: bool) -> ChangeResult:
         return ChangeResult(
@@ -255,7 +306,7 @@ class Runtime:
         if member not in self.drains:
             self.drains[member] = time.monotonic()
             self._save_admin()
-            log.info("%s backend %s: draining", *member)
+            self._log_admin(member, "draining")
             self.apply()
         return self.drain_status(vip, backend)
 
@@ -263,9 +314,21 @@ class Runtime:
         member = self._member(vip, backend)
         if self.drains.pop(member, None) is not None:
             self._save_admin()
-            log.info("%s backend %s: enabled", *member)
+            self._log_admin(member, "enabled")
             self.apply()
         return self.drain_status(vip, backend)
+
+    @staticmethod
+    def _log_admin(member: Member, admin: str) -> None:
+        who = caller()
+        log.info(
+            "VIP %s: backend %s %s (by %s)",
+            member[0],
+            member[1],
+            admin,
+            who,
+            extra={"vip": member[0], "backend": str(member[1]), "admin": admin, "who": who},
+        )
 
     def _established(self, vip: VipConfig | VipRef, backend: IPAddress) -> Count | None:
         """Open connections of ``vip`` on ``backend`` (UDP: connected sockets), as its
@@ -410,4 +473,5 @@ class Runtime:
             last_rebuild_ms=self.last_rebuild_ms,
             health_checks=self.health.checks_total,
             vips=vips,
+            last_reload_error=self.last_reload_error,
         )

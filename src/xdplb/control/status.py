@@ -251,6 +251,7 @@ class DaemonView:
     last_rebuild_ms: float | None
     health_checks: int
     vips: Sequence[VipView]
+    last_reload_error: str | None = None
 
 
 # -- the builder -------------------------------------------------------------------------
@@ -334,6 +335,7 @@ def build(maps: MapsView, daemon: DaemonView | None = None) -> Status:
         last_rebuild_ms=daemon.last_rebuild_ms if daemon is not None else None,
         health_checks=daemon.health_checks if daemon is not None else None,
         acl=acl,
+        last_reload_error=daemon.last_reload_error if daemon is not None else None,
     )
 
 

@@ -14,7 +14,8 @@ Errors are all ``{"error": message, "field": dotted path or ""}``:
 
 - 400: malformed path or query (``/vips/not-an-ip/80/tcp``, ``port`` 70000);
 - 401: missing or wrong bearer token (with ``WWW-Authenticate: Bearer``);
-- 404: unknown VIP, backend or route; 405: method not allowed; 409: the VIP exists;
+- 404: unknown VIP, backend or route; 405: method not allowed; 409: the VIP exists, or
+  a reload would drop changes made through the API (``?force=true`` applies it);
 - 422: the body does not validate, or the controller refused the change
   (:class:`~xdplb.core.errors.ConfigError`); ``field`` is the dotted path (``weight``,
   ``backends[1].weight``; a refused configuration names it in the whole configuration,
@@ -55,7 +56,14 @@ from starlette.routing import BaseRoute, Match
 
 from xdplb.config import AclConfig, BackendConfig, Config, VipConfig, parse_config
 from xdplb.config import Protocol as L4Protocol
-from xdplb.control.interface import AclView, ChangeResult, Controller, DrainStatus, VipRef
+from xdplb.control.interface import (
+    AclView,
+    ChangeResult,
+    Controller,
+    DrainStatus,
+    ReloadRefused,
+    VipRef,
+)
 from xdplb.control.sessions import MAX_PAGE, ConnectionPage, SessionCount, parse_query
 from xdplb.control.status import AclHits, BackendStatus, Status, VipStatus
 from xdplb.core.addresses import IPAddress
@@ -383,9 +391,23 @@ def create_app(
     async def put_config(cfg: Config, persist: PersistQ = False) -> ChangeResult:
         return change(cfg, persist)
 
-    @api.post("/reload", summary="Re-read the configuration file (drops unpersisted changes)")
-    async def reload() -> ChangeResult:
-        return _guard(ctl.reload)
+    @api.post(
+        "/reload",
+        summary="Re-read the configuration file (409 if it drops unpersisted changes)",
+        responses={409: {"model": ErrorBody, "description": "It would drop API changes"}},
+    )
+    async def reload(
+        force: Annotated[
+            bool, Query(description="apply the file even if it drops changes")
+        ] = False,
+    ) -> ChangeResult:
+        def reload_or_refuse() -> ChangeResult:
+            try:
+                return ctl.reload(force=force)
+            except ReloadRefused as e:
+                raise ApiError(409, str(e)) from None
+
+        return _guard(reload_or_refuse)
 
     @api.get("/vips", summary="Every VIP with its backends")
     async def list_vips() -> list[VipStatus]:

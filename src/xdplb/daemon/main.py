@@ -7,7 +7,8 @@ Lifecycle (docs/design.md §2):
   program atomically;
 - reload on SIGHUP, on ``POST /api/v1/reload`` or when the file changes: a configuration
   that fails validation changes nothing (the error names the field) and the running one
-  keeps serving;
+  keeps serving; so does one that would drop a change made through the API, unless
+  forced (the log names each change it kept);
 - SIGTERM/SIGINT: the daemon exits and leaves the programs attached (restart/upgrade);
 - ``xdplb stop``: the daemon exits and the instance is detached and unpinned.
 
@@ -22,6 +23,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import importlib.metadata
 import logging
 import os
 import signal
@@ -32,15 +34,19 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import uvicorn
+from uvicorn.protocols.http.h11_impl import H11Protocol
 
 from xdplb.agent.receiver import ReportReceiver
 from xdplb.config import ApiConfig
+from xdplb.control.caller import acting_for
+from xdplb.control.interface import ReloadRefused
 from xdplb.control.runtime import Runtime
 from xdplb.core import paths
 from xdplb.core.errors import ConfigError
 from xdplb.daemon import privileges
 from xdplb.daemon.api import create_app
 from xdplb.daemon.history import History
+from xdplb.daemon.logs import PEER, CallerMiddleware, peer_of
 from xdplb.daemon.metrics import Metrics
 
 log = logging.getLogger("xdplb.daemon.main")
@@ -104,6 +110,30 @@ def bind_api(api: ApiConfig, instance: str) -> socket.socket:
     return sock
 
 
+def _version() -> str:
+    try:
+        return importlib.metadata.version("xdplb")
+    except importlib.metadata.PackageNotFoundError:  # run from a tree that is not installed
+        return "unknown"
+
+
+def api_address(api: ApiConfig, instance: str) -> str:
+    """Where the API listens, as the startup line says it."""
+    if not api.listen or api.listen.startswith("unix:"):
+        path = api.listen.removeprefix("unix:") if api.listen else paths.api_socket(instance)
+        return f"unix:{path}"
+    return f"http://{api.listen}"
+
+
+class PeerProtocol(H11Protocol):
+    """uvicorn's HTTP/1.1, which also leaves the connection's peer in every request's
+    state (:class:`~xdplb.daemon.logs.CallerMiddleware` names it)."""
+
+    def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
+        super().connection_made(transport)
+        self.app_state = {**self.app_state, PEER: peer_of(transport.get_extra_info("socket"))}
+
+
 class _ApiServer(uvicorn.Server):
     """uvicorn without its signal handlers: the daemon owns SIGTERM, SIGINT and SIGHUP."""
 
@@ -127,14 +157,15 @@ class Daemon:
         self._wake = asyncio.Event()
         self._reload = False
 
-    def reload(self) -> bool:
-        """Re-read the file; apply it if valid. False (and nothing changed) if not."""
+    def reload(self, why: str) -> bool:
+        """Re-read the file; apply it if valid and it drops no change made through the
+        API. False (and nothing changed; the runtime logged why) if not."""
         self._mtime = self.rt.config_file_mtime()
-        try:
-            self.rt.reload()
-        except ConfigError as e:
-            log.error("configuration refused, still serving the previous one: %s", e)
-            return False
+        with acting_for(why):
+            try:
+                self.rt.reload()
+            except (ConfigError, ReloadRefused):
+                return False
         return True
 
     def _follow_agents(self) -> None:
@@ -188,15 +219,25 @@ class Daemon:
         if stray := privileges.stray_threads():
             log.warning("threads %s kept capabilities the daemon dropped", stray)
         paths.pid_file(rt.instance).write_text(f"{os.getpid()}\n")
-        app = create_app(rt, token=token, metrics=self.metrics, history=self.history)
+        app = CallerMiddleware(
+            create_app(rt, token=token, metrics=self.metrics, history=self.history),
+            token=token is not None,
+        )
         server = _ApiServer(
-            uvicorn.Config(app, log_level="warning", access_log=False, lifespan="off")
+            uvicorn.Config(
+                app,
+                log_level="warning",
+                log_config=None,  # our handler and format (xdplb.daemon.logs), not uvicorn's
+                access_log=False,
+                lifespan="off",
+                http=PeerProtocol,
+            )
         )
         tasks = [
             asyncio.create_task(server.serve(sockets=[sock]), name="api"),
             asyncio.create_task(rt.health.run(), name="health"),
         ]
-        log.info("instance %s serving %d VIPs", rt.instance, len(rt.running.vips))
+        self._banner(token is not None)
         last_plan = time.monotonic()
         try:
             while not self._stop.is_set():
@@ -214,8 +255,8 @@ class Daemon:
                     self.history.add(now, rt.status())  # the status page's sparklines
                 self._follow_agents()  # the API may have changed agents.listen
                 if self._reload or rt.config_file_mtime() != self._mtime:
+                    self.reload("SIGHUP" if self._reload else "the file changed")
                     self._reload = False
-                    self.reload()
                     self._follow_agents()
                 elif rt.dirty or (rt.beamer_pending and now - last_plan >= REPLAN_INTERVAL):
                     rt.apply()
@@ -233,6 +274,25 @@ class Daemon:
                 paths.pid_file(rt.instance).unlink(missing_ok=True)
             rt.close()
             log.info("instance %s: daemon exits, programs stay attached", rt.instance)
+
+    def _banner(self, token: bool) -> None:
+        """The startup line: what runs, from which file, where to reach it, on what."""
+        cfg = self.rt.running
+        fields = {
+            "version": _version(),
+            "instance": cfg.instance,
+            "config": str(self.rt.config_path),
+            "api": api_address(cfg.api, cfg.instance) + (" (token)" if token else ""),
+            "interfaces": list(cfg.interfaces),
+            "hook": f"xdp {cfg.xdp_mode}",
+            "vips": len(cfg.vips),
+        }
+        log.info(
+            "xdplb %(version)s serving instance %(instance)s from %(config)s: API %(api)s, "
+            "interfaces %(ifaces)s, hook %(hook)s, %(vips)d VIPs",
+            {**fields, "ifaces": ",".join(cfg.interfaces) or "none"},
+            extra=fields,
+        )
 
     def run(self) -> None:
         asyncio.run(self.serve())

@@ -4,7 +4,8 @@ States follow keepalived and HAProxy: a target starts *up* (a restarted daemon o
 backend must not empty the table while the first checks run), goes down after
 ``fall_count`` consecutive failures and comes back after ``rise_count`` consecutive
 successes. Only those transitions are reported, through ``on_change(key, up)``, called
-synchronously from the loop.
+synchronously from the loop; the monitor itself logs neither them nor any check (the
+caller, which knows what a key names, logs each transition once).
 
 Scheduling: every target has one timer in the loop's own heap (``loop.call_at``), not a
 sleeping task; the first fires at a random point within the first interval (so that
@@ -268,7 +269,7 @@ class HealthMonitor:
     def _transition(self, entry: _Entry, *, up: bool) -> None:
         entry.state.up = up
         entry.state.since = time.monotonic()
-        log.info("%r is %s: %s", entry.target.key, "up" if up else "down", entry.state.last_detail)
+        # Not logged here: the callback's owner names the VIP and backend in its one line.
         try:
             self._on_change(entry.target.key, up)
         except Exception:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import signal
 import subprocess
 import sys
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -75,15 +76,16 @@ class LbNode:
     def config(self) -> Config:
         return parse_config(self.doc)
 
-    def start(self, timeout: float = 15.0, *, wait: bool = True) -> None:
-        """Start the daemon and wait until the maps hold this configuration (``wait``:
-        not when load feedback rewrites the weights: the caller knows what to wait for)."""
+    def start(self, timeout: float = 15.0, *, wait: bool = True, args: Sequence[str] = ()) -> None:
+        """Start the daemon (``xdplb run`` with ``args`` too) and wait until the maps hold
+        this configuration (``wait``: not when load feedback rewrites the weights: the
+        caller knows what to wait for)."""
         if self.proc is not None and self.proc.poll() is None:
             raise LabError("the LB daemon is already running")
         log = self.log_path.open("ab")
         self.proc = self.lab.popen(
             self.node,
-            [sys.executable, "-m", "xdplb.cli.app", "run", "-c", str(self.config_path)],
+            [sys.executable, "-m", "xdplb.cli.app", "run", "-c", str(self.config_path), *args],
             stdout=log,
             stderr=subprocess.STDOUT,
         )
