@@ -18,11 +18,11 @@
 
 /*
  * One packet.  The verdict may carry its drop reason or pass event above the
- * low byte (counters.h); cap is lb_cap_cfg[0] when a capture is on, else NULL.
+ * low byte (counters.h).
  */
-static __always_inline int lb_xdp_run(struct xdp_md *ctx, struct lb_pkt *pkt,
-				      struct xdplb_capture_config *cap)
+static __always_inline int lb_xdp_run(struct xdp_md *ctx, struct lb_pkt *pkt)
 {
+	struct xdplb_capture_config *cap;
 	const struct xdplb_vip_info *vip;
 	const struct xdplb_config *cfg;
 	struct lb_target tgt = {};
@@ -86,6 +86,7 @@ static __always_inline int lb_xdp_run(struct xdp_md *ctx, struct lb_pkt *pkt,
 
 forward:
 	/* capture point FORWARD (capture.h): the client's frame, before step 11 */
+	cap = lb_capture_on();
 	if (cap)
 		lb_capture_forward(ctx, cap, pkt, vip->vip_id, &tgt, new_flow);
 
@@ -127,11 +128,12 @@ forward:
 SEC("xdp")
 int lb_xdp(struct xdp_md *ctx)
 {
-	struct xdplb_capture_config *cap = lb_capture_on();
+	struct xdplb_capture_config *cap;
 	struct lb_pkt pkt = {};
-	int rc = lb_xdp_run(ctx, &pkt, cap);
+	int rc = lb_xdp_run(ctx, &pkt);
 
 	/* capture points DROP and PASS (capture.h) */
+	cap = lb_capture_on();
 	if (cap)
 		lb_capture_verdict(ctx, cap, &pkt, rc);
 	return LB_VERDICT(rc);

@@ -6,8 +6,8 @@
  * a pass (PASS_NOT_IP, PASS_MALFORMED, PASS_NOT_VIP: the packets lb_xdp
  * leaves to the kernel; the passes of steps 11-12 are forwards).
  *
- * Off, each packet pays one read of lb_cap_cfg[0].expires_ns (0) and two
- * branches not taken.  On, a chosen point's packets go through the per-CPU
+ * Off, each packet reads lb_cap_cfg[0].expires_ns (0) after the steps, a
+ * forwarded one at step 10 too (same line), and takes those branches not taken.  On, a chosen point's packets go through the per-CPU
  * sampler (1 in `sample`, at most `max_per_sec` a second per CPU); a
  * sampled one is checked against the expiry and copied, with its first
  * `snap_len` bytes, into the ring buffer lb_capture.  Past the expiry
