@@ -57,7 +57,14 @@ LB_CASES = [
     "ipv6_known_flow",
     "ipv6_new_flow",
 ]
-DATAPATH_CASES = ["harness", "reference", "reference_ipv6", *LB_CASES]
+#: The same paths with `xdplb capture` sampling 1 in 1,000 (docs/benchmarks.md).
+CAPTURE_CASES = [
+    "ipv4_known_flow_capture",
+    "ipv4_new_flow_capture",
+    "ipv6_known_flow_capture",
+    "ipv6_new_flow_capture",
+]
+DATAPATH_CASES = ["harness", "reference", "reference_ipv6", *LB_CASES, *CAPTURE_CASES]
 CONTROL_TARGET_MS = 100.0  # build + push for 1,000 backends
 BACKEND_COUNTS = (10, 100, 1000)
 
@@ -187,6 +194,17 @@ def _spread(xs: list[float]) -> dict[str, Any]:
     }
 
 
+def _cpu_model() -> str | None:
+    """/proc/cpuinfo's model name: figures only compare on one CPU model."""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return None
+
+
 def _git_rev() -> str | None:
     try:
         out = subprocess.run(
@@ -246,6 +264,12 @@ def build_results(
             "ns_over": round(max(0.0, med[case] - limit * ref), 1),
         }
     cp_med = {k: statistics.median(v) for k, v in cp.items()}
+    # What capture on (1 in 1,000) adds to a path, and the CPU it was measured on.
+    capture_cost = {
+        c.removesuffix("_capture"): round(med[c] - med[c.removesuffix("_capture")], 1)
+        for c in CAPTURE_CASES
+        if c in med and c.removesuffix("_capture") in med
+    }
     return {
         "datapath": med,
         "datapath_ratio": {k: round(v, 3) for k, v in ratio.items()},
@@ -264,6 +288,7 @@ def build_results(
             harness - statistics.median(direct["harness"]) if direct.get("harness") else None
         ),
         "targets": targets,
+        "capture_on_minus_off_ns": capture_cost,
         "control": {k: round(v, 3) for k, v in cp_med.items()},
         "control_spread": {k: _spread(v) for k, v in cp.items()},
         "control_target": {
@@ -275,6 +300,7 @@ def build_results(
         "problems": problems,
         "meta": {
             "kernel": os.uname().release,
+            "cpu_model": _cpu_model(),
             "cpus": os.cpu_count(),
             "pinned_cpu": cpu,
             "iterations": args.iterations,
@@ -314,6 +340,12 @@ def print_tables(res: dict[str, Any]) -> None:
             target,
         )
     console.print(t)
+    cap = res.get("capture_on_minus_off_ns")
+    if cap:
+        console.print(
+            "capture on (1 in 1,000) minus off: "
+            + ", ".join(f"{k} {v:+.1f} ns" for k, v in cap.items())
+        )
     c = Table(title="Control plane: milliseconds (median)")
     for col in ("what", "median ms", "min-max"):
         c.add_column(col, justify="left" if col == "what" else "right")
@@ -334,7 +366,7 @@ def print_tables(res: dict[str, Any]) -> None:
         )
     m = res["meta"]
     console.print(
-        f"kernel {m['kernel']}, {m['cpus']} CPUs (pinned to {m['pinned_cpu']}), "
+        f"{m['cpu_model']}, kernel {m['kernel']}, {m['cpus']} CPUs (pinned to {m['pinned_cpu']}), "
         f"{m['rounds']} rounds x {m['iterations']:,} iterations, "
         "ratio = case / reference, net = case - harness"
     )

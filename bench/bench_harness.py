@@ -34,11 +34,20 @@ from dataclasses import dataclass, field
 from xdplb.config import parse_config
 from xdplb.control.planner import plan
 from xdplb.core import abi, paths
-from xdplb.datapath import BpfObject, Program
+from xdplb.core.capture import CaptureSettings
+from xdplb.datapath import BpfObject, Map, Program
+from xdplb.datapath.capture import CAPTURE_MAPS, CaptureMaps
 from xdplb.datapath.lb import LbDatapath, destroy
 from xdplb.lab import netns
 
 XDP_ABORTED, XDP_DROP, XDP_PASS, XDP_TX = 0, 1, 2, 3
+#: The capture cases: every point on, 1 in CAPTURE_SAMPLE packets recorded, no rate cap.
+CAPTURE_SAMPLE = 1000
+CAPTURE_SETTINGS = CaptureSettings(
+    abi.CapPoint.DROP | abi.CapPoint.FORWARD | abi.CapPoint.PASS,
+    sample=CAPTURE_SAMPLE,
+    max_per_sec=0,
+)
 VERDICT_NAMES = {0: "ABORTED", 1: "DROP", 2: "PASS", 3: "TX", 4: "REDIRECT"}
 
 # --- the lab: addresses, as in the brief --------------------------------------------------
@@ -167,6 +176,8 @@ class Case:
     new_flows: bool = False
     #: Put the flow in the connection table before measuring.
     prime: bool = False
+    #: Capture on (every point, 1 in CAPTURE_SAMPLE, no rate cap) while measuring.
+    capture: bool = False
 
     @property
     def is_vip(self) -> bool:
@@ -190,6 +201,10 @@ def make_cases(lb_mac: bytes) -> list[Case]:
         Case("ipv6_non_vip", "lb", v6_other, XDP_PASS, ev.PASS_NOT_VIP),
         Case("ipv6_known_flow", "lb", v6, XDP_TX, ev.CONN_HIT, prime=True),
         Case("ipv6_new_flow", "lb", v6, XDP_TX, ev.CONN_MISS, new_flows=True),
+        Case("ipv4_known_flow_capture", "lb", v4, XDP_TX, ev.CONN_HIT, prime=True, capture=True),
+        Case("ipv4_new_flow_capture", "lb", v4, XDP_TX, ev.CONN_MISS, new_flows=True, capture=True),
+        Case("ipv6_known_flow_capture", "lb", v6, XDP_TX, ev.CONN_HIT, prime=True, capture=True),
+        Case("ipv6_new_flow_capture", "lb", v6, XDP_TX, ev.CONN_MISS, new_flows=True, capture=True),
     ]
 
 
@@ -354,6 +369,12 @@ class Harness:
         st.callback(destroy, self.instance)  # registered before the load: pins go too
         self.lb = LbDatapath(self.instance)
         st.callback(self.lb.close)
+        #: None for a build of lb_xdp without capture (an A/B run against an older one).
+        self.capture: CaptureMaps | None = None
+        if all(n in self.lb.obj.maps for n in CAPTURE_MAPS):
+            maps = {n: Map.from_fd(self.lb.obj.map(n).fd) for n in CAPTURE_MAPS}
+            self.capture = CaptureMaps(maps)
+            st.callback(self.capture.close)
         cfg = parse_config(lb_config(self.instance))
         self.lb.apply(plan(cfg, self.lb.snapshot()))
         self.wrap_obj = BpfObject.load(paths.bpf_object("bench_wrap"))
@@ -420,6 +441,10 @@ class Harness:
         lb_case = case.prog == "lb"
         before = self._lb_counters() if lb_case else {}
         flood = self.lb.obj.maps.get("lb_flood") if case.new_flows else None
+        if case.capture:
+            if self.capture is None:
+                raise InvalidCase(name, ["this build of lb_xdp has no capture maps"])
+            self.capture.start(CAPTURE_SETTINGS)  # a fresh sampler, an empty ring
         if flood is None:
             res = self.wrap.test_run(case.packet, repeat=iterations, ingress_ifindex=self.ifindex)
             total_ns = float(res.duration_ns) * iterations
@@ -432,6 +457,14 @@ class Harness:
                 res = self.wrap.test_run(case.packet, repeat=n, ingress_ifindex=self.ifindex)
                 total_ns += float(res.duration_ns) * n
                 left -= n
+        if case.capture:
+            assert self.capture is not None
+            self.capture.stop()
+            recorded = self.capture.stats().records
+            want_records = -(-iterations // CAPTURE_SAMPLE)  # the first of every 1,000
+            if recorded != want_records:
+                problems.append(f"capture recorded {recorded} packets, want {want_records}")
+            self.capture.ring.skip()
         after = self._lb_counters() if lb_case else {}
         # Read the wrapper's counter back: it moved by one per iteration.
         raw = self.wrap_obj.map("bench_pkt").lookup(_ZERO)

@@ -14,22 +14,26 @@
 #include "lib/lb_acl.h"
 #include "lib/lb_icmp.h"
 #include "lib/encap.h"
+#include "lib/capture.h"
 
-SEC("xdp")
-int lb_xdp(struct xdp_md *ctx)
+/*
+ * One packet.  The verdict may carry its drop reason or pass event above the
+ * low byte (counters.h).
+ */
+static __always_inline int lb_xdp_run(struct xdp_md *ctx, struct lb_pkt *pkt)
 {
+	struct xdplb_capture_config *cap;
 	const struct xdplb_vip_info *vip;
 	const struct xdplb_config *cfg;
 	struct lb_target tgt = {};
 	struct lb_cursor cur;
-	struct lb_pkt pkt = {};
 	__u32 zero = 0;
 	__u32 new_flow = 0;
 	__u32 fhash;
 	int rc;
 
 	/* 1-2: Ethernet, IP, IPv6 extension headers; non-IP and malformed end here. */
-	rc = lb_parse_ip(ctx, &pkt, &cur);
+	rc = lb_parse_ip(ctx, pkt, &cur);
 	if (rc != LB_CONTINUE)
 		return rc;
 
@@ -37,14 +41,14 @@ int lb_xdp(struct xdp_md *ctx)
 	cfg = bpf_map_lookup_elem(&lb_config, &zero);
 
 	/* 2a: the global ACL, for any packet to a VIP address (lb_acl.h) */
-	rc = lb_acl_global(&pkt, cfg);
+	rc = lb_acl_global(pkt, cfg);
 	if (rc != LB_CONTINUE)
 		return rc;
 
 	/* 3-5, 7: other protocols end here, fragments and ICMP take 4a-4c. */
-	rc = lb_parse_l4(ctx, &pkt, &cur);
+	rc = lb_parse_l4(ctx, pkt, &cur);
 	if (rc == LB_SLOW) {
-		rc = lb_icmp_frag(ctx, &pkt, &cur, cfg, &vip, &tgt);
+		rc = lb_icmp_frag(ctx, pkt, &cur, cfg, &vip, &tgt);
 		if (rc != LB_CONTINUE)
 			return rc;
 		goto forward;
@@ -53,10 +57,10 @@ int lb_xdp(struct xdp_md *ctx)
 		return rc;
 
 	/* 6, then 6a: the VIP's ACL */
-	vip = lb_vip_lookup(&pkt);
+	vip = lb_vip_lookup(pkt);
 	if (!vip)
 		return lb_pass(XDPLB_EV_PASS_NOT_VIP);
-	rc = lb_acl_vip(&pkt, vip);
+	rc = lb_acl_vip(pkt, vip);
 	if (rc != LB_CONTINUE)
 		return rc;
 
@@ -69,20 +73,25 @@ int lb_xdp(struct xdp_md *ctx)
 	 * entry of the same 5-tuple says (a reused port must not reach a backend
 	 * that has left the table since: down, drained, reweighted).
 	 */
-	fhash = xdplb_flow_hash((const __u32 *)&pkt.flow, cfg->hash_seed);
-	if (lb_is_syn(&pkt) || !lb_conn_lookup(&pkt, cfg, fhash, &tgt)) {
+	fhash = xdplb_flow_hash((const __u32 *)&pkt->flow, cfg->hash_seed);
+	if (lb_is_syn(pkt) || !lb_conn_lookup(pkt, cfg, fhash, &tgt)) {
 		/* 8a: a new flow over its source prefix's rate goes no further */
-		if (lb_rate_applies(&pkt) && lb_rate_limited(&pkt, cfg))
+		if (lb_rate_applies(pkt) && lb_rate_limited(pkt, cfg))
 			return lb_drop(XDPLB_DROP_RATE_LIMIT);
-		rc = lb_table_lookup(&pkt, vip, cfg, fhash, &tgt);
+		rc = lb_table_lookup(pkt, vip, cfg, fhash, &tgt);
 		if (rc >= 0)
 			return rc;
 		new_flow = 1;
 	}
 
 forward:
+	/* capture point FORWARD (capture.h): the client's frame, before step 11 */
+	cap = lb_capture_on();
+	if (cap)
+		lb_capture_forward(ctx, cap, pkt, vip->vip_id, &tgt, new_flow);
+
 	/* 10 */
-	lb_count_traffic(vip->vip_id, tgt.be_id, pkt.ip_len, new_flow);
+	lb_count_traffic(vip->vip_id, tgt.be_id, pkt->ip_len, new_flow);
 
 	/*
 	 * 11, 12: outer family is the backend's; sizes are constant per variant
@@ -90,30 +99,44 @@ forward:
 	 */
 	if (tgt.be->family == XDPLB_FAMILY_V6) {
 		if (vip->encap == XDPLB_ENCAP_IPIP)
-			return lb_encap(ctx, &pkt, &tgt, cfg, 1, 0, 1);
+			return lb_encap(ctx, pkt, &tgt, cfg, 1, 0, 1);
 		switch (tgt.nhops) {
 		case 2:
-			return lb_encap(ctx, &pkt, &tgt, cfg, 1, 1, 2);
+			return lb_encap(ctx, pkt, &tgt, cfg, 1, 1, 2);
 		case 3:
-			return lb_encap(ctx, &pkt, &tgt, cfg, 1, 1, 3);
+			return lb_encap(ctx, pkt, &tgt, cfg, 1, 1, 3);
 		case 4:
-			return lb_encap(ctx, &pkt, &tgt, cfg, 1, 1, 4);
+			return lb_encap(ctx, pkt, &tgt, cfg, 1, 1, 4);
 		default:
-			return lb_encap(ctx, &pkt, &tgt, cfg, 1, 1, 1);
+			return lb_encap(ctx, pkt, &tgt, cfg, 1, 1, 1);
 		}
 	}
 	if (vip->encap == XDPLB_ENCAP_IPIP)
-		return lb_encap(ctx, &pkt, &tgt, cfg, 0, 0, 1);
+		return lb_encap(ctx, pkt, &tgt, cfg, 0, 0, 1);
 	switch (tgt.nhops) {
 	case 2:
-		return lb_encap(ctx, &pkt, &tgt, cfg, 0, 1, 2);
+		return lb_encap(ctx, pkt, &tgt, cfg, 0, 1, 2);
 	case 3:
-		return lb_encap(ctx, &pkt, &tgt, cfg, 0, 1, 3);
+		return lb_encap(ctx, pkt, &tgt, cfg, 0, 1, 3);
 	case 4:
-		return lb_encap(ctx, &pkt, &tgt, cfg, 0, 1, 4);
+		return lb_encap(ctx, pkt, &tgt, cfg, 0, 1, 4);
 	default:
-		return lb_encap(ctx, &pkt, &tgt, cfg, 0, 1, 1);
+		return lb_encap(ctx, pkt, &tgt, cfg, 0, 1, 1);
 	}
+}
+
+SEC("xdp")
+int lb_xdp(struct xdp_md *ctx)
+{
+	struct xdplb_capture_config *cap;
+	struct lb_pkt pkt = {};
+	int rc = lb_xdp_run(ctx, &pkt);
+
+	/* capture points DROP and PASS (capture.h) */
+	cap = lb_capture_on();
+	if (cap)
+		lb_capture_verdict(ctx, cap, &pkt, rc);
+	return LB_VERDICT(rc);
 }
 
 char LICENSE[] SEC("license") = "Dual BSD/GPL";

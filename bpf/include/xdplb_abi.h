@@ -356,4 +356,66 @@ struct xdplb_vip_addr_info {
 /* IPv6 extension headers lb_xdp walks before the upper-layer header. */
 #define XDPLB_MAX_EXTHDRS	4
 
+/* --- packet capture (bpf/lib/capture.h, `xdplb capture`) --- */
+
+/* Capture points: bits of xdplb_capture_config.points, and xdplb_capture_rec.point. */
+#define XDPLB_CAP_DROP		(1U << 0)	/* dropped: reason = enum xdplb_drop_reason */
+#define XDPLB_CAP_FORWARD	(1U << 1)	/* sent to a backend: reason = enum xdplb_cap_decision */
+#define XDPLB_CAP_PASS		(1U << 2)	/* left to the kernel: reason = enum xdplb_event */
+#define XDPLB_CAP_SNAP_MAX	256		/* bytes of a frame a record holds at most */
+#define XDPLB_CAP_RING_SIZE	(1U << 20)	/* lb_capture: bytes of ring buffer */
+
+/* How a forwarded packet's backend was chosen (xdplb_capture_rec.reason at FORWARD). */
+enum xdplb_cap_decision {
+	XDPLB_CAP_CONN_HIT = 0,		/* the connection table (step 8) */
+	XDPLB_CAP_TABLE,		/* the VIP's table: a new flow or a SYN (step 9) */
+	XDPLB_CAP_FRAGMENT,		/* a fragment, by addresses and protocol (4a) */
+	XDPLB_CAP_ICMP_ERROR,		/* an ICMP error, where its flow goes (4b) */
+};
+
+/*
+ * lb_cap_cfg[0], written by user space only.  expires_ns is the one word
+ * every packet reads: 0 is off.  Past it (bpf_ktime_get_ns), lb_xdp records
+ * nothing and sets it back to 0 itself, so a capture that was killed stops.
+ */
+struct xdplb_capture_config {
+	__u64 expires_ns;	/* CLOCK_MONOTONIC ns; 0: capture off */
+	__u32 points;		/* XDPLB_CAP_* to record */
+	__u32 sample;		/* record 1 in `sample` packets of those points, per CPU (0, 1: all) */
+	__u32 max_per_sec;	/* records per second per CPU at most; 0: no cap */
+	__u32 snap_len;		/* bytes of each frame to record, <= XDPLB_CAP_SNAP_MAX */
+	__u32 dst[4];		/* with dst_family: only packets to this address */
+	__u8 dst_family;	/* enum xdplb_family, 0: any destination */
+	__u8 pad[7];
+};
+
+/* lb_cap_state: per CPU, the sampler and what it could not record. */
+struct xdplb_capture_state {
+	__u64 window_ns;	/* start of the current one-second window */
+	__u32 in_window;	/* records in that window */
+	__u32 seen;		/* packets of chosen points since the last sampled one */
+	__u64 records;		/* records submitted */
+	__u64 capped;		/* sampled, but over max_per_sec */
+	__u64 ring_full;	/* sampled, but the ring buffer had no room */
+};
+
+/* One lb_capture record: the verdict, the backend, then the frame's first bytes. */
+struct xdplb_capture_rec {
+	__u64 ts_ns;		/* bpf_ktime_get_ns() */
+	__u32 point;		/* one XDPLB_CAP_* bit */
+	__u32 reason;		/* by point: drop reason, cap decision, or pass event */
+	__u32 ifindex;		/* ingress device */
+	__u32 rx_queue;
+	__u32 pkt_len;		/* the frame's length */
+	__u32 cap_len;		/* bytes of data[] that hold the frame */
+	__u32 vip_id;		/* FORWARD: the VIP */
+	__u32 be_id;		/* FORWARD: the backend (first hop); 0 otherwise */
+	__u32 be_addr[4];	/* FORWARD: its address */
+	__u8 be_family;		/* enum xdplb_family; 0 when no backend */
+	__u8 nhops;		/* FORWARD: hops in the GUE list */
+	__u16 pad;
+	__u32 cpu;
+	__u8 data[XDPLB_CAP_SNAP_MAX];
+};
+
 #endif /* XDPLB_ABI_H */

@@ -20,11 +20,19 @@ static __always_inline void lb_count_event(enum xdplb_event ev)
 		*cnt += 1;
 }
 
+/*
+ * lb_pass and lb_drop return the verdict with its event / reason above the
+ * low byte, for capture.h; lb_xdp returns LB_VERDICT() of it to the kernel.
+ */
+#define LB_REASON_SHIFT	8
+#define LB_VERDICT(rc)	((rc) & ((1 << LB_REASON_SHIFT) - 1))
+#define LB_REASON(rc)	((__u32)(rc) >> LB_REASON_SHIFT)
+
 /* Count an event and hand the packet to the kernel unchanged. */
 static __always_inline int lb_pass(enum xdplb_event ev)
 {
 	lb_count_event(ev);
-	return XDP_PASS;
+	return XDP_PASS | (ev << LB_REASON_SHIFT);
 }
 
 /* Every drop goes through here, under a named reason. */
@@ -34,7 +42,7 @@ static __always_inline int lb_drop(enum xdplb_drop_reason reason)
 
 	if (cnt)
 		*cnt += 1;
-	return XDP_DROP;
+	return XDP_DROP | (reason << LB_REASON_SHIFT);
 }
 
 /* Step 10: packets and inner IP bytes, plus new_flows on a table hit. */

@@ -50,6 +50,7 @@ ENUMS: dict[type[enum.IntEnum], tuple[str, str, str | None, tuple[str, ...]]] = 
     abi.Encap: ("xdplb_encap", "XDPLB_ENCAP_", None, ()),
     abi.TableKind: ("xdplb_table_kind", "XDPLB_TABLE_", None, ()),
     abi.AclList: ("xdplb_acl_list", "XDPLB_ACL_", "XDPLB_ACL__MAX", ()),
+    abi.CapDecision: ("xdplb_cap_decision", "XDPLB_CAP_", None, ("lb_xdp",)),
 }
 
 
@@ -251,3 +252,21 @@ def test_hc_counter_map_is_sized_by_the_enum() -> None:
                 if mem["name"] == "max_entries":
                     sizes.append(types[types[mem["type_id"]]["type_id"]]["nr_elems"])
     assert sizes == [len(abi.HcEvent)]
+
+
+def test_capture_defines_match_header() -> None:
+    """The capture points and sizes are #defines: no BTF carries them, so read the header."""
+    header = (ROOT / "bpf/include/xdplb_abi.h").read_text()
+    values = {}
+    for name, shift, plain in re.findall(
+        r"^#define (XDPLB_CAP_\w+)\s+(?:\(1U << (\d+)\)|(\d+))", header, re.M
+    ):
+        values[name] = 1 << int(shift) if shift else int(plain)
+    assert values == {
+        "XDPLB_CAP_DROP": abi.CAP_DROP,
+        "XDPLB_CAP_FORWARD": abi.CAP_FORWARD,
+        "XDPLB_CAP_PASS": abi.CAP_PASS,
+        "XDPLB_CAP_SNAP_MAX": abi.CAP_SNAP_MAX,
+        "XDPLB_CAP_RING_SIZE": abi.CAP_RING_SIZE,
+    }
+    assert {p.name: int(p) for p in abi.CapPoint} == {"DROP": 1, "FORWARD": 2, "PASS": 4}

@@ -113,6 +113,9 @@ def test_bench_quick_writes_valid_results(tmp_path: Path) -> None:
     assert {"reference", *lb_cases} <= res["datapath"].keys()
     assert {"reference", *lb_cases} <= res["datapath_ratio"].keys()
     assert set(res["targets"]) == lb_cases
+    with_capture = {f"ipv{v}_{p}" for v in (4, 6) for p in ("known_flow", "new_flow")}
+    assert {f"{c}_capture" for c in with_capture} <= res["datapath"].keys()
+    assert set(res["capture_on_minus_off_ns"]) == with_capture
     assert {
         "build_push_10_backends",
         "build_push_100_backends",
@@ -120,7 +123,7 @@ def test_bench_quick_writes_valid_results(tmp_path: Path) -> None:
         "maglev_build_1000_backends",
         "push_only_65537",
     } <= res["control"].keys()
-    assert {"kernel", "cpus", "iterations", "rounds", "date"} <= res["meta"].keys()
+    assert {"kernel", "cpu_model", "cpus", "iterations", "rounds", "date"} <= res["meta"].keys()
     # Nothing left behind by the bench process: its namespace and pins are gone.
     netns = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
     assert f"bench-{proc.pid}" not in netns.split()
@@ -147,3 +150,19 @@ def test_new_flow_flood_is_balanced_but_not_recorded(harness: bh.Harness) -> Non
     conns, seed = harness.lb.conns, harness.lb.snapshot().config.seed
     assert conns.get(bh.flow_key(bh.varied(case.packet, first + n - 1)), seed) is None
     assert conns.get(bh.flow_key(bh.varied(case.packet, first)), seed) is not None
+
+
+def test_capture_case_records_one_in_a_thousand(harness: bh.Harness) -> None:
+    """The capture cases measure the path they claim: every point on, 1 in 1,000 recorded
+    (exactly, on one CPU), the verdict and counters those of the case without capture."""
+    before = os.sched_getaffinity(0)
+    os.sched_setaffinity(0, {min(before)})
+    try:
+        run = harness.measure("ipv4_known_flow_capture", 2500)
+    finally:
+        os.sched_setaffinity(0, before)
+    assert run.problems == []
+    assert run.counter_deltas == {"CONN_HIT": 2500, "TX": 2500}
+    assert harness.capture is not None
+    assert harness.capture.stats().records == 3  # iterations 1, 1001 and 2001
+    assert not harness.capture.active()

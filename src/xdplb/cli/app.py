@@ -48,6 +48,7 @@ from xdplb.cli.args import (
     vip_arg,
     vip_config,
 )
+from xdplb.cli.capture import capture as capture_command
 from xdplb.cli.client import ApiError, Client, DrainTimeout, NotRunning, Unreachable
 from xdplb.cli.render import (
     changed,
@@ -569,6 +570,10 @@ def host_status(
         print_json({"instance": instance, "events": events})
         return
     print_host_events(instance, events)
+
+
+# `xdplb capture` lives in its own module (cli/capture.py).
+app.command("capture")(capture_command)
 
 
 def main() -> None:

@@ -382,6 +382,85 @@ class Rate(_Struct):
     _fields_ = [("tokens", ctypes.c_uint64), ("stamp", ctypes.c_uint64)]
 
 
+# --- packet capture (bpf/lib/capture.h) -----------------------------------------------------
+
+CAP_DROP = 1 << 0
+CAP_FORWARD = 1 << 1
+CAP_PASS = 1 << 2
+CAP_SNAP_MAX = 256
+CAP_RING_SIZE = 1 << 20
+
+
+class CapPoint(enum.IntFlag):
+    """Capture points: bits of ``CaptureConfig.points``; a record names one."""
+
+    DROP = CAP_DROP
+    FORWARD = CAP_FORWARD
+    PASS = CAP_PASS
+
+
+class CapDecision(enum.IntEnum):
+    """How a forwarded packet's backend was chosen (a FORWARD record's ``reason``)."""
+
+    CONN_HIT = 0
+    TABLE = enum.auto()
+    FRAGMENT = enum.auto()
+    ICMP_ERROR = enum.auto()
+
+
+class CaptureConfig(_Struct):
+    """``lb_cap_cfg[0]``: ``expires_ns`` (CLOCK_MONOTONIC) 0 is off."""
+
+    c_name = "xdplb_capture_config"
+    _fields_ = [
+        ("expires_ns", ctypes.c_uint64),
+        ("points", ctypes.c_uint32),
+        ("sample", ctypes.c_uint32),
+        ("max_per_sec", ctypes.c_uint32),
+        ("snap_len", ctypes.c_uint32),
+        ("dst", ctypes.c_uint32 * 4),
+        ("dst_family", ctypes.c_uint8),
+        ("pad", ctypes.c_uint8 * 7),
+    ]
+
+
+class CaptureState(_Struct):
+    """``lb_cap_state`` (per CPU): the sampler, and what it could not record."""
+
+    c_name = "xdplb_capture_state"
+    _fields_ = [
+        ("window_ns", ctypes.c_uint64),
+        ("in_window", ctypes.c_uint32),
+        ("seen", ctypes.c_uint32),
+        ("records", ctypes.c_uint64),
+        ("capped", ctypes.c_uint64),
+        ("ring_full", ctypes.c_uint64),
+    ]
+
+
+class CaptureRec(_Struct):
+    """One ``lb_capture`` ring-buffer record; ``data[:cap_len]`` is the frame's start."""
+
+    c_name = "xdplb_capture_rec"
+    _fields_ = [
+        ("ts_ns", ctypes.c_uint64),
+        ("point", ctypes.c_uint32),
+        ("reason", ctypes.c_uint32),
+        ("ifindex", ctypes.c_uint32),
+        ("rx_queue", ctypes.c_uint32),
+        ("pkt_len", ctypes.c_uint32),
+        ("cap_len", ctypes.c_uint32),
+        ("vip_id", ctypes.c_uint32),
+        ("be_id", ctypes.c_uint32),
+        ("be_addr", ctypes.c_uint32 * 4),
+        ("be_family", ctypes.c_uint8),
+        ("nhops", ctypes.c_uint8),
+        ("pad", ctypes.c_uint16),
+        ("cpu", ctypes.c_uint32),
+        ("data", ctypes.c_uint8 * CAP_SNAP_MAX),
+    ]
+
+
 STRUCTS: tuple[type[_Struct], ...] = (
     VipKey,
     VipInfo,
@@ -400,4 +479,7 @@ STRUCTS: tuple[type[_Struct], ...] = (
     AclKey6,
     AclRule,
     Rate,
+    CaptureConfig,
+    CaptureState,
+    CaptureRec,
 )
