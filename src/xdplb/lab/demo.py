@@ -63,7 +63,7 @@ console = Console()
 
 def say(text: str) -> None:
     """Print data as it is: no Rich markup, no highlighting."""
-    console.print(text, markup=False, highlight=False)
+    console.print(text, markup=False, highlight=False, soft_wrap=True)
 
 
 #: HTTP checks through the tunnel, every 300 ms; down after 2 failures.
@@ -179,20 +179,30 @@ def teardown(lb: LbNode) -> None:
         lb.destroy()
 
 
+_STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
+
+
 @contextlib.contextmanager
 def demo_lab(workdir: Path) -> Iterator[tuple[Lab, LbNode, list[subprocess.Popen[str]]]]:
     """The lab with host_tc and a server on every backend and the daemon on the LB;
     leaving it runs :func:`teardown`, then removes the namespaces."""
-    with Lab() as lab:
-        for name in lab.backends:
-            attach_host(lab, name)
-        servers = lab.start_servers()
-        lb = LbNode(lab, workdir, _vips(lab, lab.backends))
-        try:
-            lb.start()
-            yield lab, lb, servers
-        finally:
-            teardown(lb)
+    ignored: dict[int, Any] = {}
+    try:
+        with Lab() as lab:
+            for name in lab.backends:
+                attach_host(lab, name)
+            servers = lab.start_servers()
+            lb = LbNode(lab, workdir, _vips(lab, lab.backends))
+            try:
+                lb.start()
+                yield lab, lb, servers
+            finally:
+                # A second Ctrl-C (or kill) must not cut the cleanup short.
+                ignored = {sig: signal.signal(sig, signal.SIG_IGN) for sig in _STOP_SIGNALS}
+                teardown(lb)
+    finally:
+        for sig, handler in ignored.items():
+            signal.signal(sig, handler)
 
 
 class _Pump(socketserver.BaseRequestHandler):
@@ -237,7 +247,9 @@ def _forward(target: Path) -> _Forward:
 
 
 def keep(lab: Lab, lb: LbNode) -> None:
-    """Serve the lab until Ctrl-C (or SIGTERM), saying how to reach it."""
+    """Serve the lab until Ctrl-C (or SIGTERM, which :func:`main` turns into Ctrl-C),
+    saying how to reach it."""
+    lab.start_servers(names=["b2"])  # back up after its rise count: the page shows it
     fwd = _forward(lb.api_socket)
     threading.Thread(target=fwd.serve_forever, name="forward", daemon=True).start()
     port = fwd.server_address[1]
@@ -250,29 +262,28 @@ def keep(lab: Lab, lb: LbNode) -> None:
         f" then http://127.0.0.1:{port}/",
         f"  CLI          {xdplb} status -i {lb.instance}",
         f"               {xdplb} list -i {lb.instance}",
-        f"               {xdplb} backend enable {VIP4}:80/tcp {lab.addr('b2')} -i {lb.instance}",
+        f"               {xdplb} backend weight {VIP4}:80/tcp {lab.addr('b1')} 5 -i {lb.instance}",
         f"               {xdplb} status --api http://127.0.0.1:{port}",
         f"  traffic      ip netns exec {client} curl -s http://{VIP4}/",
         f"               ip netns exec {client} curl -s 'http://[{VIP6}]/'",
         f"  daemon       log {lb.log_path}, configuration {lb.config_path} (saving it reloads)",
-        "  b3 was removed and b2's server killed: the status page shows b2 down.",
+        "  b3 was removed; b2's server is running again, its health checks bring it back.",
         "Ctrl-C tears the lab down.",
     ):
         say(line)
 
-    def stop(signum: int, frame: FrameType | None) -> None:
-        raise KeyboardInterrupt
-
-    old = signal.signal(signal.SIGTERM, stop)
     try:
         while True:
             signal.pause()
     except KeyboardInterrupt:
         say("")
     finally:
-        signal.signal(signal.SIGTERM, old)
         fwd.shutdown()
         fwd.server_close()
+
+
+def _interrupt(signum: int, frame: FrameType | None) -> None:
+    raise KeyboardInterrupt
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -281,6 +292,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "--keep", action="store_true", help="keep the lab up after the tour, until Ctrl-C"
     )
     args = parser.parse_args(argv)
+    signal.signal(signal.SIGTERM, _interrupt)  # a kill tears the lab down, as Ctrl-C does
     cleanup_stale()
     console.print(
         Panel.fit(
