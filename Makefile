@@ -21,7 +21,7 @@ SYSCONFDIR ?= /etc
 INSTALL_ENV = DESTDIR='$(DESTDIR)' PREFIX='$(PREFIX)' SYSCONFDIR='$(SYSCONFDIR)' BUILD_PY='$(PY)'
 
 .PHONY: all deps build test test-unit test-bpf test-e2e fuzz demo bench soak lint clean \
-        install uninstall
+        install uninstall deb
 
 all: build
 
@@ -78,6 +78,10 @@ install: build
 
 uninstall:
 	$(INSTALL_ENV) ./scripts/install.sh uninstall
+
+# build/xdplb_<version>_<arch>.deb: the same install under /usr, for this python3.11.
+deb: build
+	BUILD_PY='$(PY)' ./scripts/deb.sh
 
 bench: build
 	$(PY) bench/bench.py --out bench/results.json

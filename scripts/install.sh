@@ -32,6 +32,7 @@ unitdir=$PREFIX/lib/systemd/system
 docdir=$PREFIX/share/doc/xdplb
 confdir=$SYSCONFDIR/xdplb
 root=$DESTDIR
+case $root in /* | '') ;; *) root=$(pwd)/$root ;; esac  # the venv records absolute paths
 units="xdplb.service xdplb@.service xdplb-host.service"
 
 die() { echo "install.sh: $*" >&2; exit 1; }
@@ -85,6 +86,7 @@ if [ -n "$root" ]; then
     for f in "$venv"/bin/*; do
         [ -f "$f" ] && [ ! -L "$f" ] && sed -i "1s|^#!$venv/|#!$libdir/|" "$f"
     done
+    sed -i "s|$venv|$libdir|" "$venv/pyvenv.cfg"
 fi
 
 # Launchers find the venv next to themselves, so a DESTDIR tree runs in place as well.

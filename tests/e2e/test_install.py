@@ -262,3 +262,44 @@ def test_unit_serves_reloads_and_restarts(lab: Lab, root: Path, node: LbNode) ->
     start_unit(lab, root, lb)
     assert weights(root, lb) == {b1: 3, b2: 1}
     assert http_post(client, VIP, 80, b"z", src_port=21001) in {"b1", "b2"}
+
+
+def test_deb(tmp_path: Path) -> None:
+    """`make deb` (scripts/deb.sh): the package's fields, conffiles and files; unpacked
+    anywhere, its CLI runs (not installed with dpkg here: that would change this host)."""
+    if shutil.which("dpkg-deb") is None:
+        pytest.fail("dpkg-deb is missing")
+    done = subprocess.run(
+        [str(paths.ROOT / "scripts" / "deb.sh")],
+        cwd=paths.ROOT,
+        env={**os.environ, "BUILD_PY": sys.executable},
+        capture_output=True,
+        text=True,
+        timeout=INSTALL_TIMEOUT,
+        check=False,
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    deb = paths.ROOT / done.stdout.strip().splitlines()[-1]
+
+    def dpkg_deb(*args: str) -> str:
+        return subprocess.run(
+            ["dpkg-deb", *args], capture_output=True, text=True, check=True
+        ).stdout
+
+    assert dpkg_deb("-f", str(deb), "Package", "Depends").splitlines() == [
+        "Package: xdplb",
+        "Depends: python3.11, libbpf1 (>= 1:1.1), iproute2",
+    ]
+    assert dpkg_deb("-I", str(deb), "conffiles").split() == [
+        "/etc/xdplb/xdplb.yaml",
+        "/etc/xdplb/host.env",
+    ]
+    files = {line.split()[-1] for line in dpkg_deb("-c", str(deb)).splitlines()}
+    for f in ("./usr/bin/xdplb", "./usr/lib/systemd/system/xdplb.service", "./etc/xdplb/host.env"):
+        assert f in files
+    assert not any(str(paths.ROOT) in f for f in files)
+    dpkg_deb("-x", str(deb), str(tmp_path))
+    cfg = (tmp_path / "usr/lib/xdplb/pyvenv.cfg").read_text()
+    assert str(paths.ROOT) not in cfg, cfg
+    ok = xdplb(tmp_path, "validate", "-c", str(tmp_path / "etc/xdplb/xdplb.yaml"))
+    assert ok.returncode == 0, ok.stdout + ok.stderr
