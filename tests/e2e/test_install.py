@@ -303,3 +303,22 @@ def test_deb(tmp_path: Path) -> None:
     assert str(paths.ROOT) not in cfg, cfg
     ok = xdplb(tmp_path, "validate", "-c", str(tmp_path / "etc/xdplb/xdplb.yaml"))
     assert ok.returncode == 0, ok.stdout + ok.stderr
+
+
+def test_uninstall_keeps_the_configuration(root: Path) -> None:
+    """`make uninstall` (last: the other tests use the module's root)."""
+    env = {**os.environ, "DESTDIR": str(root), "PREFIX": PREFIX, "BUILD_PY": sys.executable}
+    subprocess.run(
+        [str(paths.ROOT / "scripts" / "install.sh"), "uninstall"],
+        cwd=paths.ROOT,
+        env=env,
+        check=True,
+        capture_output=True,
+    )
+    left = sorted(str(p.relative_to(root)) for p in root.rglob("*") if p.is_file())
+    assert left == [
+        "etc/xdplb/host.env",
+        "etc/xdplb/host.env.example",
+        "etc/xdplb/xdplb.yaml",
+        "etc/xdplb/xdplb.yaml.example",
+    ]
