@@ -305,6 +305,60 @@ def test_deb(tmp_path: Path) -> None:
     assert ok.returncode == 0, ok.stdout + ok.stderr
 
 
+def unit_command(line: list[str], env: dict[str, str]) -> list[str]:
+    """Expand a unit's command line as systemd does: ``${VAR}`` is one word, ``$VAR`` is
+    split on whitespace."""
+    out: list[str] = []
+    for word in line:
+        if word.startswith("${") and word.endswith("}"):
+            out.append(env[word[2:-1]])
+        elif word.startswith("$") and word[1:] in env:
+            out.extend(env[word[1:]].split())
+        else:
+            out.append(word)
+    return out
+
+
+def test_host_unit_attaches_and_detaches(root: Path, lab_factory: Any) -> None:
+    """xdplb-host.service's ExecStart, ExecReload and ExecStop, with host.env, on a backend."""
+    lab = lab_factory(backends=1)
+    instance = f"{lab.prefix}-hostunit"
+    pins = lab.pin_root("hostunit")  # removed at teardown whatever happens
+    (root / "etc/xdplb/host.env").write_text(
+        f"# the test's backend\nXDPLB_HOST_DEV=eth0\nXDPLB_HOST_INSTANCE={instance}\n"
+        f"XDPLB_HOST_ARGS=--addr {lab.addr('b1')} --addr {lab.addr('b1', 6)}\n"
+    )
+    env = dict(
+        line.split("=", 1)
+        for line in (root / "etc/xdplb/host.env").read_text().splitlines()
+        if line and not line.startswith("#")
+    )
+    host = f"{PREFIX}/lib/systemd/system/xdplb-host.service"
+    assert unit_lines(root, "EnvironmentFile", host) == [["/etc/xdplb/host.env"]]
+
+    def run(key: str) -> subprocess.CompletedProcess[str]:
+        (line,) = unit_lines(root, key, host)
+        argv = in_root(root, unit_command(line, env))
+        return lab.run("b1", argv, check=False, cwd="/", env=clean_env(), timeout=60)
+
+    def filters() -> str:
+        return lab.run("b1", ["tc", "filter", "show", "dev", "eth0", "ingress"]).stdout
+
+    for key in ("ExecStart", "ExecReload"):  # reload: attach again, in place
+        done = run(key)
+        assert done.returncode == 0, done.stdout + done.stderr
+        assert f"host_tc attached to eth0 for {lab.addr('b1')}" in done.stdout
+        assert "host_tc" in filters()
+        assert pins.is_dir()
+    status = xdplb(root, "host", "status", "--instance", instance, "--json")
+    assert status.returncode == 0, status.stderr
+    assert json.loads(status.stdout)["instance"] == instance
+    done = run("ExecStop")
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "host_tc" not in filters()
+    assert not pins.exists()
+
+
 def test_uninstall_keeps_the_configuration(root: Path) -> None:
     """`make uninstall` (last: the other tests use the module's root)."""
     env = {**os.environ, "DESTDIR": str(root), "PREFIX": PREFIX, "BUILD_PY": sys.executable}
