@@ -185,12 +185,11 @@ def vips(lab: Lab, weights: dict[str, int]) -> list[dict[str, Any]]:
 
 
 @pytest.fixture
-def node(lab: Lab, root: Path) -> Iterator[LbNode]:
-    """The lab's LB configuration, written where the unit reads it."""
+def node(lab: Lab, root: Path, tmp_path: Path) -> Iterator[LbNode]:
+    """The lab's LB configuration, written where the unit reads it (its log in tmp_path)."""
     servers = lab.start_servers()
-    etc = root / "etc/xdplb"
-    lb = LbNode(lab, etc, vips(lab, {"b1": 1, "b2": 1}))
-    lb.config_path = etc / "xdplb.yaml"
+    lb = LbNode(lab, tmp_path, vips(lab, {"b1": 1, "b2": 1}))
+    lb.config_path = root / "etc/xdplb/xdplb.yaml"
     lb.write(vips(lab, {"b1": 1, "b2": 1}))
     yield lb
     lb.destroy()
