@@ -14,8 +14,14 @@ TEST_OBJS  := $(patsubst tests/bpf/progs/%.bpf.c,build/test/%.bpf.o,$(TEST_SRCS)
 BPF_HDRS   := $(wildcard bpf/include/*.h bpf/lib/*.h)
 CFFI_MODS  := src/xdplb/datapath/libbpf_build.py src/xdplb/tables/maglev_build.py
 PYTEST     := $(PY) -m pytest -q
+# make install: DESTDIR for a scratch or package root (docs/operations.md#production-install).
+PREFIX     ?= /usr/local
+DESTDIR    ?=
+SYSCONFDIR ?= /etc
+INSTALL_ENV = DESTDIR='$(DESTDIR)' PREFIX='$(PREFIX)' SYSCONFDIR='$(SYSCONFDIR)' BUILD_PY='$(PY)'
 
-.PHONY: all deps build test test-unit test-bpf test-e2e fuzz demo bench soak lint clean
+.PHONY: all deps build test test-unit test-bpf test-e2e fuzz demo bench soak lint clean \
+        install uninstall deb
 
 all: build
 
@@ -62,8 +68,20 @@ FUZZ_PACKETS ?= 1000000
 fuzz: build
 	FUZZ_PACKETS=$(FUZZ_PACKETS) $(PYTEST) -s tests/bpf/test_fuzz.py
 
+# KEEP=1: the lab stays up after the tour (status page, CLI) until Ctrl-C.
 demo: build
-	$(PY) -m xdplb.lab.demo
+	$(PY) -m xdplb.lab.demo $(if $(filter-out 0,$(KEEP)),--keep)
+
+# A venv under $(PREFIX)/lib/xdplb, launchers in $(PREFIX)/bin, systemd units, /etc/xdplb.
+install: build
+	$(INSTALL_ENV) ./scripts/install.sh install
+
+uninstall:
+	$(INSTALL_ENV) ./scripts/install.sh uninstall
+
+# build/xdplb_<version>_<arch>.deb: the same install under /usr, for this python3.11.
+deb: build
+	BUILD_PY='$(PY)' ./scripts/deb.sh
 
 bench: build
 	$(PY) bench/bench.py --out bench/results.json

@@ -8,19 +8,28 @@ from pathlib import Path
 #: The source tree (src layout, editable install): <root>/src/xdplb/core/paths.py.
 ROOT = Path(__file__).resolve().parents[3]
 
+#: BPF objects inside an installed package: `make install` ships them as package data.
+PACKAGED_OBJECTS = Path(__file__).resolve().parents[1] / "_bpf"
+
 #: Pins of every instance live under here, one directory per instance.
 BPFFS_ROOT = Path(os.environ.get("XDPLB_BPFFS", "/sys/fs/bpf/xdplb"))
 
 
 def build_dir() -> Path:
-    return Path(os.environ.get("XDPLB_BUILD_DIR", ROOT / "build"))
+    """Where the BPF objects are: ``XDPLB_BUILD_DIR``, else the installed package's, else
+    the source tree's build/."""
+    if env := os.environ.get("XDPLB_BUILD_DIR"):
+        return Path(env)
+    return PACKAGED_OBJECTS if PACKAGED_OBJECTS.is_dir() else ROOT / "build"
 
 
 def bpf_object(name: str) -> Path:
     """Path of a built BPF object, e.g. ``bpf_object("lb_xdp")``."""
     path = build_dir() / f"{name}.bpf.o"
     if not path.exists():
-        raise FileNotFoundError(f"{path} is missing: run `make build`")
+        installed = path.parent == PACKAGED_OBJECTS
+        fix = "reinstall (`make install`)" if installed else "run `make build`"
+        raise FileNotFoundError(f"{path} is missing: {fix}")
     return path
 
 

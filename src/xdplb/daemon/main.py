@@ -134,6 +134,21 @@ class PeerProtocol(H11Protocol):
         self.app_state = {**self.app_state, PEER: peer_of(transport.get_extra_info("socket"))}
 
 
+def _socket_file(sock: socket.socket) -> tuple[Path, int] | None:
+    """A unix listening socket's path and inode: what to remove at exit, if still ours."""
+    if sock.family != socket.AF_UNIX:
+        return None
+    path = Path(sock.getsockname())
+    return path, path.lstat().st_ino
+
+
+def _remove_socket_file(bound: tuple[Path, int] | None) -> None:
+    """Unlink the API socket's path, unless another daemon has bound it since."""
+    with contextlib.suppress(FileNotFoundError):
+        if bound is not None and bound[0].lstat().st_ino == bound[1]:
+            bound[0].unlink()
+
+
 class _ApiServer(uvicorn.Server):
     """uvicorn without its signal handlers: the daemon owns SIGTERM, SIGINT and SIGHUP."""
 
@@ -211,6 +226,7 @@ class Daemon:
         rt = self.rt
         token = api_token(rt.running.api)
         sock = bind_api(rt.running.api, rt.instance)
+        sock_file = _socket_file(sock)
         rt.apply()
         self._follow_agents()
         paths.run_dir().mkdir(parents=True, exist_ok=True)
@@ -270,6 +286,7 @@ class Daemon:
             await asyncio.gather(*tasks, return_exceptions=True)
             if self._receiver is not None:
                 self._receiver.close()
+            _remove_socket_file(sock_file)
             if read_pid(rt.instance) == os.getpid():
                 paths.pid_file(rt.instance).unlink(missing_ok=True)
             rt.close()

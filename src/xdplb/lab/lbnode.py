@@ -201,9 +201,19 @@ class LbNode:
             return "(no log)"
 
     def destroy(self) -> None:
-        """Stop the daemon if running, detach lb_xdp and remove every pin."""
+        """Stop the daemon if running, detach lb_xdp, remove every pin and run file."""
         if self.proc is not None and self.proc.poll() is None:
             self.proc.kill()
             self.proc.wait()
         self.proc = None
         destroy(self.instance)
+        for path in run_files(self.instance):
+            path.unlink(missing_ok=True)
+
+
+def run_files(instance: str) -> list[Path]:
+    """What a daemon of ``instance`` writes in the run directory (the admin state survives
+    its restarts, so only a teardown removes it)."""
+    run = paths.run_dir()
+    admin = [run / f"{instance}.admin.json", run / f"{instance}.admin.tmp"]
+    return [paths.pid_file(instance), paths.api_socket(instance), *admin]

@@ -78,6 +78,11 @@ def cleanup_stale() -> list[str]:
             if is_dead(pin.name):
                 shutil.rmtree(pin, ignore_errors=True)
                 removed.append(str(pin))
+    if paths.run_dir().is_dir():
+        for run_file in paths.run_dir().glob("xl*-*"):  # the daemons' pid, socket, admin state
+            if is_dead(run_file.name):
+                run_file.unlink(missing_ok=True)
+                removed.append(str(run_file))
     if _REGISTRY_DIR.is_dir():
         for rec in _REGISTRY_DIR.glob("xl*.json"):
             if is_dead(rec.stem + "-"):
