@@ -8,7 +8,7 @@ import pytest
 from fake_controller import FakeController
 from fastapi.testclient import TestClient
 
-from xdplb.control.status import Status
+from xdplb.control.status import Traffic
 from xdplb.daemon.api import create_app
 from xdplb.daemon.history import History
 
@@ -18,13 +18,13 @@ VIP = "198.18.100.1:80/tcp"
 B1, B2, B3 = "198.18.0.11", "198.18.0.12", "198.18.0.13"
 
 
-def status(counters: dict[str, tuple[int, int, int]]) -> Status:
-    """The fake daemon's status with these per-backend counters (address -> packets,
-    bytes, new flows; the VIP's are their sums, the others' 0)."""
-    return FakeController(counters=counters).status()
+def status(counters: dict[str, tuple[int, int, int]]) -> Traffic:
+    """The traffic in the fake daemon's status with these per-backend counters (address
+    -> packets, bytes, new flows; the VIP's are their sums, the others' 0)."""
+    return Traffic.of(FakeController(counters=counters).status())
 
 
-def at(packets: dict[str, int]) -> Status:
+def at(packets: dict[str, int]) -> Traffic:
     """Counters in which bytes are 100 x packets and new flows packets // 10."""
     return status({k: (p, 100 * p, p // 10) for k, p in packets.items()})
 
@@ -75,7 +75,8 @@ def test_a_clock_that_goes_back_starts_afresh() -> None:
 def test_a_backend_missing_from_a_sample_has_no_rate_there() -> None:
     h = History()
     h.add(1.0, status({B1: (10, 1000, 1)}))
-    h.add(2.0, FakeController(cfg=FakeController().cfg.model_copy(update={"vips": []})).status())
+    empty = FakeController(cfg=FakeController().cfg.model_copy(update={"vips": []}))
+    h.add(2.0, Traffic.of(empty.status()))
     h.add(3.0, status({B1: (30, 3000, 3)}))
     h.add(4.0, status({B1: (40, 4000, 4)}))
     assert h.view().backends[B1].packets == [None, None, 10.0]

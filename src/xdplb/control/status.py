@@ -257,6 +257,28 @@ class DaemonView:
 # -- the builder -------------------------------------------------------------------------
 
 
+#: packets, bytes, new flows so far.
+Counts = tuple[int, int, int]
+
+
+@dataclass(frozen=True)
+class Traffic:
+    """The counters of every VIP (by name) and backend (by address) alone: what the
+    daemon samples for its rate history. A backend of several VIPs has one set."""
+
+    vips: dict[str, Counts]
+    backends: dict[str, Counts]
+
+    @classmethod
+    def of(cls, st: Status) -> Traffic:
+        vips = {v.name: (v.packets, v.bytes, v.new_flows) for v in st.vips}
+        backends: dict[str, Counts] = {}
+        for v in st.vips:
+            for b in v.backends:
+                backends.setdefault(b.address, (b.packets, b.bytes, b.new_flows))
+        return cls(vips, backends)
+
+
 def build(maps: MapsView, daemon: DaemonView | None = None) -> Status:
     """The status of the instance whose maps ``maps`` read; ``daemon`` None: no daemon
     answered (``source: pins``, the VIPs and backends those the maps hold)."""

@@ -1,6 +1,6 @@
 """The last minute of per-VIP and per-backend rates (``GET /api/v1/history``, the status
 page's sparklines). :class:`History` owns the samples: the daemon's loop feeds it a
-``(time, Status)`` pair about once a second (:meth:`History.due`, :meth:`History.add`),
+``(time, Traffic)`` pair about once a second (:meth:`History.due`, :meth:`History.add`),
 it keeps the last ``length`` intervals' counters and answers the rate of every interval
 (:meth:`History.view`). Pure: no clock, no I/O, no bpf; an interval in which a counter
 went back (a backend re-added under a new id, pins recreated, a wrap) has no rate, and a
@@ -15,15 +15,12 @@ from dataclasses import dataclass
 
 from pydantic import BaseModel, ConfigDict
 
-from xdplb.control.status import Status
+from xdplb.control.status import Counts, Traffic
 
 #: Seconds between two samples the daemon aims at.
 INTERVAL = 1.0
 #: Intervals kept: one minute at one a second.
 LENGTH = 60
-
-#: packets, bytes, new flows: one key's counters in one sample.
-_Counts = tuple[int, int, int]
 
 
 class Series(BaseModel):
@@ -59,21 +56,11 @@ class HistoryView(BaseModel):
 @dataclass(frozen=True)
 class _Sample:
     t: float
-    vips: dict[str, _Counts]
-    backends: dict[str, _Counts]
+    vips: dict[str, Counts]
+    backends: dict[str, Counts]
 
 
-def _counts(st: Status) -> tuple[dict[str, _Counts], dict[str, _Counts]]:
-    vips = {v.name: (v.packets, v.bytes, v.new_flows) for v in st.vips}
-    backends: dict[str, _Counts] = {}
-    for v in st.vips:
-        for b in v.backends:
-            # A backend of several VIPs has one set of counters: the first says it.
-            backends.setdefault(b.address, (b.packets, b.bytes, b.new_flows))
-    return vips, backends
-
-
-def _rates(old: _Counts | None, new: _Counts | None, dt: float) -> list[float | None]:
+def _rates(old: Counts | None, new: Counts | None, dt: float) -> list[float | None]:
     """Per second over ``dt``; None each if missing at one end or a counter went back."""
     if old is None or new is None or any(n < o for o, n in zip(old, new, strict=True)):
         return [None, None, None]
@@ -99,12 +86,11 @@ class History:
         """Whether a sample taken at ``now`` is due (the first one always is)."""
         return not self._samples or now - self._samples[-1].t >= self.interval
 
-    def add(self, t: float, st: Status) -> None:
-        """The counters of ``st``, taken at time ``t`` (seconds, any monotonic clock)."""
+    def add(self, t: float, traffic: Traffic) -> None:
+        """The counters of ``traffic``, taken at time ``t`` (seconds, any monotonic clock)."""
         if self._samples and t <= self._samples[-1].t:
             self._samples.clear()  # a clock that went back: another daemon's samples
-        vips, backends = _counts(st)
-        self._samples.append(_Sample(t, vips, backends))
+        self._samples.append(_Sample(t, traffic.vips, traffic.backends))
 
     def view(self, since: float | None = None) -> HistoryView:
         """The rate of every interval that ends after ``since`` (None: all held)."""

@@ -268,7 +268,7 @@ class Daemon:
                     break
                 now = time.monotonic()
                 if self.history.due(now):
-                    self.history.add(now, rt.status())  # the status page's sparklines
+                    self.history.add(now, rt.traffic())  # the status page's sparklines
                 self._follow_agents()  # the API may have changed agents.listen
                 if self._reload or rt.config_file_mtime() != self._mtime:
                     self.reload("SIGHUP" if self._reload else "the file changed")

@@ -221,15 +221,6 @@ class LbMaps(Closing):
         estimated from a sample of its sets (``exact_conns=False``). ``snap``: a snapshot
         the caller has just taken (saves reading every table again)."""
 
-        def total(m: Map, idx: int, ctype: type[abi.Stats]) -> abi.Stats:
-            out = ctype()
-            for raw in m.lookup_percpu(_u32(idx)):
-                s = ctype.from_buffer_copy(raw)
-                out.packets += s.packets
-                out.bytes += s.bytes
-                out.new_flows += s.new_flows
-            return out
-
         def u64(m: Map, idx: int) -> int:
             return sum(struct.unpack("<Q", raw)[0] for raw in m.lookup_percpu(_u32(idx)))
 
@@ -238,14 +229,22 @@ class LbMaps(Closing):
         return Counters(
             drops={r: u64(self["lb_drops"], r) for r in abi.DropReason},
             events={e: u64(self["lb_events"], e) for e in abi.Event},
-            vips={
-                st.vip_id: total(self["lb_vip_stats"], st.vip_id, abi.Stats)
-                for st in snap.vips.values()
-            },
-            backends={i: total(self["lb_be_stats"], i, abi.Stats) for i in sorted(snap.backends)},
+            vips={st.vip_id: self.stats("lb_vip_stats", st.vip_id) for st in snap.vips.values()},
+            backends={i: self.stats("lb_be_stats", i) for i in sorted(snap.backends)},
             conns=conns,
             acl_hits=self.acl_hits([abi.ACL_GLOBAL, *(p.vip_id for p in snap.vips.values())]),
         )
+
+    def stats(self, name: str, idx: int) -> abi.Stats:
+        """Entry ``idx`` of the per-CPU stats array ``name`` (``lb_vip_stats``,
+        ``lb_be_stats``), summed over CPUs."""
+        out = abi.Stats()
+        for raw in self[name].lookup_percpu(_u32(idx)):
+            s = abi.Stats.from_buffer_copy(raw)
+            out.packets += s.packets
+            out.bytes += s.bytes
+            out.new_flows += s.new_flows
+        return out
 
     def acl_hits(self, scopes: Iterable[int]) -> dict[int, dict[abi.AclList, int]]:
         """ACL hits per scope (vip id or ``abi.ACL_GLOBAL``) and list, summed over CPUs."""
