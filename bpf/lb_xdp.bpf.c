@@ -22,7 +22,6 @@
  */
 static __always_inline int lb_xdp_run(struct xdp_md *ctx, struct lb_pkt *pkt)
 {
-	struct xdplb_capture_config *cap;
 	const struct xdplb_vip_info *vip;
 	const struct xdplb_config *cfg;
 	struct lb_target tgt = {};
@@ -86,9 +85,8 @@ static __always_inline int lb_xdp_run(struct xdp_md *ctx, struct lb_pkt *pkt)
 
 forward:
 	/* capture point FORWARD (capture.h): the client's frame, before step 11 */
-	cap = lb_capture_on();
-	if (cap)
-		lb_capture_forward(ctx, cap, pkt, vip->vip_id, &tgt, new_flow);
+	if (lb_capture_on())
+		lb_capture_forward(ctx, pkt, vip->vip_id, &tgt, new_flow);
 
 	/* 10 */
 	lb_count_traffic(vip->vip_id, tgt.be_id, pkt->ip_len, new_flow);
@@ -128,14 +126,12 @@ forward:
 SEC("xdp")
 int lb_xdp(struct xdp_md *ctx)
 {
-	struct xdplb_capture_config *cap;
 	struct lb_pkt pkt = {};
 	int rc = lb_xdp_run(ctx, &pkt);
 
-	/* capture points DROP and PASS (capture.h) */
-	cap = lb_capture_on();
-	if (cap)
-		lb_capture_verdict(ctx, cap, &pkt, rc);
+	/* capture points DROP and PASS (capture.h); a forward was seen at its own */
+	if ((LB_VERDICT(rc) == XDP_DROP || LB_VERDICT(rc) == XDP_PASS) && lb_capture_on())
+		lb_capture_verdict(ctx, &pkt, rc);
 	return LB_VERDICT(rc);
 }
 

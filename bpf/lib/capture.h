@@ -6,9 +6,11 @@
  * a pass (PASS_NOT_IP, PASS_MALFORMED, PASS_NOT_VIP: the packets lb_xdp
  * leaves to the kernel; the passes of steps 11-12 are forwards).
  *
- * Off, each packet reads lb_cap_cfg[0].expires_ns (0) after the steps, a
- * forwarded one at step 10 too (same line), and takes those branches not taken.  On, a chosen point's packets go through the per-CPU
- * sampler (1 in `sample`, at most `max_per_sec` a second per CPU); a
+ * Off, a forwarded packet reads lb_cap_cfg[0].expires_ns (0) at step 10, a
+ * dropped or passed one after the steps, and takes the branch not taken; the
+ * capture functions are out of line (__noinline, they look the config up
+ * again), so the hot path carries none of their code.  On, a chosen point's
+ * packets go through the per-CPU sampler (1 in `sample`, at most `max_per_sec` a second per CPU); a
  * sampled one is checked against the expiry and copied, with its first
  * `snap_len` bytes, into the ring buffer lb_capture.  Past the expiry
  * nothing is recorded and expires_ns is set back to 0 (only if unchanged,
@@ -161,14 +163,17 @@ static __noinline int lb_cap_emit(struct xdp_md *ctx, struct xdplb_capture_confi
 }
 
 /* Point FORWARD, at step 10: the backend chosen and how, the frame not yet encapsulated. */
-static __always_inline void lb_capture_forward(struct xdp_md *ctx,
-					       struct xdplb_capture_config *cap,
-					       const struct lb_pkt *pkt, __u32 vip_id,
-					       const struct lb_target *tgt, __u32 new_flow)
+static __noinline void lb_capture_forward(struct xdp_md *ctx, const struct lb_pkt *pkt,
+					  __u32 vip_id, const struct lb_target *tgt,
+					  __u32 new_flow)
 {
-	struct xdplb_capture_state *st = lb_cap_sample(cap, pkt, XDPLB_CAP_FORWARD);
+	struct xdplb_capture_config *cap = lb_capture_on();
+	struct xdplb_capture_state *st;
 	struct lb_cap_info info = {};
 
+	if (!cap)
+		return;
+	st = lb_cap_sample(cap, pkt, XDPLB_CAP_FORWARD);
 	if (!st)
 		return;
 	info.point = XDPLB_CAP_FORWARD;
@@ -194,14 +199,15 @@ static __always_inline void lb_capture_forward(struct xdp_md *ctx,
  * (LOCAL, FIB_PASS) were recorded as forwards; TX and REDIRECT verdicts are
  * not recorded here.
  */
-static __always_inline void lb_capture_verdict(struct xdp_md *ctx,
-					       struct xdplb_capture_config *cap,
-					       const struct lb_pkt *pkt, int rc)
+static __noinline void lb_capture_verdict(struct xdp_md *ctx, const struct lb_pkt *pkt, int rc)
 {
+	struct xdplb_capture_config *cap = lb_capture_on();
 	struct xdplb_capture_state *st;
 	struct lb_cap_info info = {};
 	__u32 reason = LB_REASON(rc);
 
+	if (!cap)
+		return;
 	if (LB_VERDICT(rc) == XDP_DROP)
 		info.point = XDPLB_CAP_DROP;
 	else if (LB_VERDICT(rc) == XDP_PASS && reason <= XDPLB_EV_PASS_NOT_VIP)
