@@ -10,14 +10,11 @@ import sys
 from collections.abc import Iterator, Mapping
 
 import typer
-from rich.console import Console
 from rich.table import Table
 
+from xdplb.cli.console import console
 from xdplb.control.interface import AclView, ChangeResult, DrainStatus
 from xdplb.control.status import MapStatus, Status, VipStatus
-
-console = Console()
-err = Console(stderr=True)
 
 
 def print_json(doc: object) -> None:
