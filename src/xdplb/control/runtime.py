@@ -50,6 +50,7 @@ from xdplb.control.status import (
     build,
 )
 from xdplb.control.vip_weights import WeightFeedback
+from xdplb.core import paths
 from xdplb.core.addresses import IPAddress
 from xdplb.core.errors import ConfigError
 from xdplb.core.mapops import DeleteTable, PutTable
@@ -70,7 +71,7 @@ class Runtime:
         self.file_config: Config = load_config(config_path)  # ConfigError: refuse to start
         self.running = self.file_config
         self.instance = self.running.instance
-        self.admin_path = run_dir / f"{self.instance}.admin.json"
+        self.admin_path = paths.under(run_dir, f"{self.instance}.admin.json")
         self.started = time.monotonic()
         # Pinned maps of another size: refused here, naming the field, before loading.
         check_pins(self.instance, self.running.limits)
