@@ -295,10 +295,15 @@ def test_status_and_stop(lab: Lab, lb: LbNode) -> None:
         [*cli, "status", "-i", lb.instance], check=True, capture_output=True, text=True
     ).stdout
     assert "198.18.100.2:80" in table and "-> 198.18.0.11" in table
-    # Without the daemon (stopped for an upgrade), from the pinned maps.
+    # Without the daemon (stopped for an upgrade), from the pinned maps when asked for.
     lb.stop_daemon()
+    gone = subprocess.run([*cli, "status", "-i", lb.instance], capture_output=True, text=True)
+    assert gone.returncode == 3 and "--offline" in gone.stderr
     out = subprocess.run(
-        [*cli, "status", "-i", lb.instance, "--json"], check=True, capture_output=True, text=True
+        [*cli, "status", "-i", lb.instance, "--json", "--offline"],
+        check=True,
+        capture_output=True,
+        text=True,
     ).stdout
     pinned = json.loads(out)
     assert pinned["source"] == "pins" and pinned["uptime"] is None

@@ -164,13 +164,20 @@ def test_the_connection_count_of_a_sample_is_marked_estimated() -> None:
 def test_the_cli_prints_a_status_from_the_pins_like_the_daemons(
     monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
-    """No daemon answers: ``xdplb status`` reads the pins and prints them with the
-    daemon's renderer; ``--json`` is the same Status schema."""
+    """``xdplb status --offline`` reads the pins and prints them with the daemon's
+    renderer; ``--json`` is the same Status schema. Without --offline, no daemon is exit 3
+    (the pins are never read behind the operator's back)."""
     cfg = parse_config(CONFIG)
     pins = build(maps_of(cfg))
     monkeypatch.setenv("XDPLB_RUN_DIR", str(tmp_path))  # no API socket there
     monkeypatch.setattr(app_module, "from_pins", lambda name: pins)
     out = CliRunner().invoke(app_module.app, ["status", "-i", "st"])
+    assert out.exit_code == 3, out.output
+    assert out.stderr == (
+        f"instance st is not running: no daemon: {tmp_path}/st.api.sock does not exist "
+        "('xdplb status --offline' reads the pinned maps)\n"
+    )
+    out = CliRunner().invoke(app_module.app, ["status", "-i", "st", "--offline"])
     assert out.exit_code == 0, out.output
     lines = out.output.splitlines()
     assert lines[0] == "instance st, attached to eth0; no daemon answers: read from the pins"
@@ -179,6 +186,6 @@ def test_the_cli_prints_a_status_from_the_pins_like_the_daemons(
     assert any(ln.split()[:4] == ["->", "198.18.0.11:80", "-", "-"] for ln in lines)
     assert all(len(ln) <= 100 for ln in lines)
     assert any(ln.split()[:4] == ["lb_vips", "2", "of", "16"] for ln in lines)
-    out = CliRunner().invoke(app_module.app, ["status", "-i", "st", "--json"])
+    out = CliRunner().invoke(app_module.app, ["status", "-i", "st", "--json", "--offline"])
     assert out.exit_code == 0, out.output
     assert Status.model_validate_json(out.output) == pins

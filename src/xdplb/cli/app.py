@@ -3,15 +3,19 @@
 :mod:`xdplb.cli.render`.
 
 The commands that change a running instance (``vip``, ``backend``, ``acl``) and
-``status`` talk to the daemon's HTTP API (:mod:`xdplb.cli.client`): its unix socket
-``/run/xdplb/<instance>.api.sock`` by default, or ``--api http://host:port`` with
-``--token`` (or ``XDPLB_API``, ``XDPLB_TOKEN``). Changes are runtime-only unless
-``--persist`` writes them to the configuration file.
+``status`` talk to the daemon's HTTP API (:mod:`xdplb.cli.client`), found in one order:
+``--api http://host:port`` (or ``XDPLB_API``) with ``--token`` (or ``XDPLB_TOKEN``); else
+the ``api`` section of the ``-c`` file; else the unix socket
+``/run/xdplb/<instance>.api.sock``. ``status --offline`` reads the pinned maps instead.
+Changes are runtime-only unless ``--persist`` writes them to the configuration file.
+Help is plain text (no rich markup), and messages carrying data print through
+:mod:`xdplb.cli.console`.
 """
 
 from __future__ import annotations
 
 import contextlib
+import importlib.metadata
 import os
 import signal
 import socket
@@ -42,6 +46,7 @@ from xdplb.cli.args import (
     VipArg,
     address_arg,
     backend_arg,
+    daemon_of,
     instance_name,
     prefixes_arg,
     usage_error,
@@ -50,11 +55,10 @@ from xdplb.cli.args import (
 )
 from xdplb.cli.capture import capture as capture_command
 from xdplb.cli.client import ApiError, Client, DrainTimeout, NotRunning, Unreachable
+from xdplb.cli.console import console, fail
 from xdplb.cli.render import (
     changed,
-    console,
     drain_line,
-    err,
     print_acl,
     print_host_events,
     print_json,
@@ -70,9 +74,39 @@ from xdplb.core import abi, paths
 from xdplb.core.errors import ConfigError, XdplbError
 from xdplb.daemon.logs import LogFormat
 
+EXAMPLES = """Examples:
+
+\b
+  xdplb validate -c /etc/xdplb/xdplb.yaml
+  xdplb run -c /etc/xdplb/xdplb.yaml
+  xdplb list -c /etc/xdplb/xdplb.yaml          (the daemon named by the file's api section)
+  xdplb status -i lb1 --offline                (read the pinned maps, no daemon needed)
+  xdplb backend drain 198.18.100.1:80/tcp 198.18.0.11 --wait -c /etc/xdplb/xdplb.yaml
+  xdplb acl deny 203.0.113.0/24 -c /etc/xdplb/xdplb.yaml --persist
+  xdplb stop -c /etc/xdplb/xdplb.yaml
+"""
+
+# Every Typer here has plain help (rich_markup_mode=None): brackets in help stay as
+# written, and flags show no "<bool>".
 app = typer.Typer(
-    add_completion=False, no_args_is_help=True, help="xdplb: an XDP layer-4 load balancer."
+    add_completion=False, no_args_is_help=True, rich_markup_mode=None, epilog=EXAMPLES
 )
+
+
+def _version(value: bool) -> None:
+    if value:
+        typer.echo(f"xdplb {importlib.metadata.version('xdplb')}")
+        raise typer.Exit()
+
+
+@app.callback()
+def _main(
+    version: Annotated[
+        bool,
+        typer.Option("--version", callback=_version, is_eager=True, help="print the version"),
+    ] = False,
+) -> None:
+    """xdplb: an XDP layer-4 load balancer."""
 
 
 @app.command()
@@ -81,7 +115,7 @@ def validate(config: ConfigOpt) -> None:
     try:
         cfg = load_config(config)
     except ConfigError as e:
-        err.print(f"[red]invalid[/red] {config}: {e}")
+        fail("invalid", f"{config}: {e}")
         raise typer.Exit(EXIT_CONFIG) from None
     n_be = len(cfg.backend_addresses())
     console.print(f"{config}: ok ({len(cfg.vips)} VIPs, {n_be} backends)")
@@ -96,7 +130,7 @@ def run(
     ] = LogFormat.TEXT,
 ) -> None:
     """Attach, apply the configuration and keep it applied (SIGHUP or a file change
-    reloads). Exiting leaves the programs attached; `xdplb stop` detaches them."""
+    reloads). Exiting leaves the programs attached; 'xdplb stop' detaches them."""
     from xdplb.daemon import logs
     from xdplb.daemon.main import Daemon
 
@@ -104,15 +138,15 @@ def run(
     try:
         daemon = Daemon(config)
     except ConfigError as e:
-        err.print(f"[red]invalid configuration[/red] {config}: {e}")
+        fail("invalid configuration", f"{config}: {e}")
         raise typer.Exit(EXIT_CONFIG) from None
     except XdplbError as e:
-        err.print(f"[red]cannot start[/red]: {e}")
+        fail("cannot start:", e)
         raise typer.Exit(EXIT_RUNTIME) from None
     try:
         daemon.run()
     except XdplbError as e:
-        err.print(f"[red]failed[/red]: {e}")
+        fail("failed:", e)
         raise typer.Exit(EXIT_RUNTIME) from None
 
 
@@ -122,27 +156,49 @@ def stop(
     instance: InstanceOpt = None,
     timeout: Annotated[float, typer.Option(help="seconds to wait for the daemon")] = 10.0,
 ) -> None:
-    """Stop the daemon of an instance, detach its programs and remove its pins."""
+    """Stop the daemon of an instance, detach its programs and remove its pins, and say
+    what was detached and removed. Fails (exit 1) and changes nothing where the pins are
+    not visible (bpffs not mounted, as inside 'ip netns exec'); fails naming whatever is
+    left after stopping."""
     from xdplb.daemon.main import read_pid
     from xdplb.datapath.hc import destroy_health_tunnel
-    from xdplb.datapath.lb import destroy
+    from xdplb.datapath.lb import checked_pin_root, destroy
 
     name = instance_name(config, instance)
     pid = read_pid(name)
-    if pid is None and not paths.pin_root(name).exists():
-        err.print(f"instance {name} is not running")
-        raise typer.Exit(EXIT_NOT_RUNNING)
+    try:
+        root = checked_pin_root(name)
+    except XdplbError as e:
+        fail("cannot stop", f"instance {name}: {e}")
+        raise typer.Exit(EXIT_RUNTIME) from None
+    if not root.exists():
+        if pid is None:
+            typer.echo(f"instance {name} is not running", err=True)
+            raise typer.Exit(EXIT_NOT_RUNNING)
+        fail("cannot stop", f"instance {name}: its daemon {pid} runs but {root} does not exist")
+        raise typer.Exit(EXIT_RUNTIME)
     if pid is not None:
         os.kill(pid, signal.SIGTERM)
         deadline = time.monotonic() + timeout
         while read_pid(name) is not None:
             if time.monotonic() > deadline:
-                err.print(f"daemon {pid} did not exit within {timeout:g} s")
+                typer.echo(f"daemon {pid} did not exit within {timeout:g} s", err=True)
                 raise typer.Exit(EXIT_RUNTIME)
             time.sleep(0.05)
-    destroy_health_tunnel(name)  # the device and rules of this namespace, the pins
-    destroy(name)
-    console.print(f"instance {name} stopped and detached")
+    try:
+        done = destroy(name)
+        destroy_health_tunnel(name)  # the device and rules of this namespace
+    except XdplbError as e:
+        fail("stop failed", f"instance {name}: {e}")
+        raise typer.Exit(EXIT_RUNTIME) from None
+    if done.left:
+        fail("stop failed", f"instance {name}: still there: {', '.join(done.left)}")
+        raise typer.Exit(EXIT_RUNTIME)
+    links = ", ".join(f"{i} (link {link})" for i, link, _ in done.detached) or "no interface"
+    console.print(
+        f"instance {name} stopped: lb_xdp detached from {links}; {done.pins} pins removed "
+        f"with {root}"
+    )
 
 
 @app.command()
@@ -150,25 +206,33 @@ def status(
     config: OptConfigOpt = None,
     instance: InstanceOpt = None,
     as_json: JsonOpt = False,
+    offline: Annotated[
+        bool,
+        typer.Option(
+            "--offline", help="read the pinned maps instead of asking the daemon (source: pins)"
+        ),
+    ] = False,
     api: ApiOpt = None,
     token: TokenOpt = None,
 ) -> None:
-    """VIPs, backends and counters of a running instance: from the daemon's API (health,
-    drain state, weights, shares, established connections), or read from the pins when
-    the daemon does not answer (``source: pins``: what only the daemon knows is left
-    out). --json prints the Status object of ``GET /api/v1/status`` either way."""
-    name = instance_name(config, instance)
-    try:
-        with Client(name, api=api, token=token) as client:
-            st = client.status()
-    except (NotRunning, Unreachable):
+    """VIPs, backends and counters of a running instance, from its daemon's API (health,
+    drain state, weights, shares, established connections). With --offline, read from the
+    pinned maps, no daemon needed (source: pins; what only the daemon knows is left
+    out). --json prints the Status object of GET /api/v1/status either way."""
+    if offline:
+        name = instance_name(config, instance)
         try:
             st = from_pins(name)
         except FileNotFoundError as e:
-            err.print(str(e))
+            typer.echo(str(e), err=True)
             raise typer.Exit(EXIT_NOT_RUNNING) from None
-    except ApiError as e:
-        _api_failed(e)
+        except XdplbError as e:
+            fail("cannot read the pins:", e)
+            raise typer.Exit(EXIT_RUNTIME) from None
+    else:
+        hint = " ('xdplb status --offline' reads the pinned maps)"
+        with _api(config, instance, api, token, hint=hint) as client:
+            st = client.status()
     if as_json:
         sys.stdout.write(st.model_dump_json(indent=2) + "\n")
     else:
@@ -183,15 +247,21 @@ def _api_failed(e: ApiError) -> NoReturn:
 
 @contextlib.contextmanager
 def _api(
-    config: Path | None, instance: str | None, api: str | None, token: str | None
+    config: Path | None,
+    instance: str | None,
+    api: str | None,
+    token: str | None,
+    *,
+    hint: str = "",
 ) -> Iterator[Client]:
-    """A client of the instance's daemon; its failures become the documented exits."""
-    name = instance_name(config, instance) if api is None else (instance or "default")
+    """A client of the instance's daemon, found as :func:`~xdplb.cli.args.daemon_of`
+    says; its failures become the documented exits (``hint`` follows a NotRunning)."""
+    name, where = daemon_of(config, instance, api, token)
     try:
-        with Client(name, api=api, token=token) as client:
+        with Client(name, where=where) as client:
             yield client
     except NotRunning as e:
-        typer.echo(f"instance {name} is not running: {e}", err=True)
+        typer.echo(f"instance {name} is not running: {e}{hint}", err=True)
         raise typer.Exit(EXIT_NOT_RUNNING) from None
     except Unreachable as e:
         typer.echo(str(e), err=True)
@@ -217,7 +287,11 @@ def reload(
     typer.echo(f"reloaded: {r.operations} map operations")
 
 
-vip_app = typer.Typer(no_args_is_help=True, help="VIPs of a running instance (through its API).")
+vip_app = typer.Typer(
+    no_args_is_help=True,
+    rich_markup_mode=None,
+    help="VIPs of a running instance (through its API).",
+)
 app.add_typer(vip_app, name="vip")
 
 
@@ -229,7 +303,7 @@ def vip_list(
     token: TokenOpt = None,
     as_json: JsonOpt = False,
 ) -> None:
-    """Every VIP and its backends, like ``ipvsadm -L -n`` (``xdplb list`` has more views);
+    """Every VIP and its backends, like 'ipvsadm -L -n' ('xdplb list' has more views);
     --json: the API's VIP objects."""
     with _api(config, instance, api, token) as client:
         vips = client.vips()
@@ -258,7 +332,7 @@ def vip_add(
     api: ApiOpt = None,
     token: TokenOpt = None,
 ) -> None:
-    """Add a VIP without backends (``xdplb backend add`` gives it some)."""
+    """Add a VIP without backends ('xdplb backend add' gives it some)."""
     vip = vip_config(
         {
             "address": address_arg(address, "VIP"),
@@ -292,7 +366,9 @@ def vip_del(
 
 
 backend_app = typer.Typer(
-    no_args_is_help=True, help="Backends of a VIP of a running instance (through its API)."
+    no_args_is_help=True,
+    rich_markup_mode=None,
+    help="Backends of a VIP of a running instance (through its API).",
 )
 app.add_typer(backend_app, name="backend")
 
@@ -325,7 +401,7 @@ def backend_del(
     api: ApiOpt = None,
     token: TokenOpt = None,
 ) -> None:
-    """Remove a backend from a VIP at once (``backend drain`` first keeps its connections)."""
+    """Remove a backend from a VIP at once ('backend drain' first keeps its connections)."""
     ref, addr = vip_arg(vip), backend_arg(backend)
     with _api(config, instance, api, token) as client:
         changed(
@@ -405,6 +481,7 @@ def backend_enable(
 
 acl_app = typer.Typer(
     no_args_is_help=True,
+    rich_markup_mode=None,
     help="Source ACLs of a running instance (through its API): global, or one VIP's "
     "with --vip. The longest matching prefix decides; with an allow list, a source no "
     "rule matches is denied.",
@@ -491,7 +568,9 @@ for _action, _help in ACL_CHANGES.items():
     acl_app.command(_action, help=_help)(_acl_command(_action))
 
 
-host_app = typer.Typer(no_args_is_help=True, help="host_tc on a backend host.")
+host_app = typer.Typer(
+    no_args_is_help=True, rich_markup_mode=None, help="host_tc on a backend host."
+)
 app.add_typer(host_app, name="host")
 
 
@@ -511,12 +590,12 @@ def host_attach(
     try:
         addrs = [ipaddress.ip_address(a) for a in addr]
     except ValueError as e:
-        err.print(f"[red]invalid[/red] --addr: {e}")
+        fail("invalid", f"--addr: {e}")
         raise typer.Exit(EXIT_CONFIG) from None
     try:
         ifindex = socket.if_nametoindex(dev)
     except OSError:
-        err.print(f"[red]invalid[/red] --dev: no interface {dev!r}")
+        fail("invalid", f"--dev: no interface {dev!r}")
         raise typer.Exit(EXIT_CONFIG) from None
     try:
         dp = HostDatapath(instance)
@@ -526,7 +605,7 @@ def host_attach(
         finally:
             dp.close()
     except XdplbError as e:
-        err.print(f"[red]failed[/red]: {e}")
+        fail("failed:", e)
         raise typer.Exit(EXIT_RUNTIME) from None
     console.print(f"host_tc attached to {dev} for {', '.join(map(str, addrs))} (GUE {gue_port})")
 
@@ -540,15 +619,15 @@ def host_detach(
     from xdplb.datapath.host import detach
 
     if not paths.pin_root(instance).exists():
-        err.print(f"host instance {instance} is not attached")
+        typer.echo(f"host instance {instance} is not attached", err=True)
         raise typer.Exit(EXIT_NOT_RUNNING)
     try:
         detach(instance, socket.if_nametoindex(dev))
     except OSError:
-        err.print(f"[red]invalid[/red] --dev: no interface {dev!r}")
+        fail("invalid", f"--dev: no interface {dev!r}")
         raise typer.Exit(EXIT_CONFIG) from None
     except XdplbError as e:
-        err.print(f"[red]failed[/red]: {e}")
+        fail("failed:", e)
         raise typer.Exit(EXIT_RUNTIME) from None
     console.print(f"host_tc detached from {dev}")
 
@@ -564,7 +643,7 @@ def host_status(
     try:
         events = {e.name.lower(): n for e, n in events_from_pins(instance).items()}
     except FileNotFoundError as e:
-        err.print(str(e))
+        typer.echo(str(e), err=True)
         raise typer.Exit(EXIT_NOT_RUNNING) from None
     if as_json:
         print_json({"instance": instance, "events": events})

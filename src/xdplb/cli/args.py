@@ -18,29 +18,50 @@ from typing import Annotated, Any
 import typer
 from pydantic import ValidationError
 
-from xdplb.cli.client import parse_backend, parse_vip
-from xdplb.cli.render import err
-from xdplb.config import AclConfig, VipConfig, load_config, parse_config
+from xdplb.cli.client import Endpoint, endpoint, parse_backend, parse_vip
+from xdplb.cli.console import fail
+from xdplb.config import AclConfig, Config, VipConfig, load_config, parse_config
 from xdplb.control.interface import VipRef
+from xdplb.core import paths
 from xdplb.core.addresses import IPAddress
 from xdplb.core.errors import ConfigError
 
 EXIT_OK, EXIT_RUNTIME, EXIT_CONFIG, EXIT_NOT_RUNNING = 0, 1, 2, 3
 
+
+def _instance(value: str | None) -> str | None:
+    """``-i``: a name that stays a plain file name under the pin root (usage error, 2)."""
+    try:
+        return None if value is None else paths.instance_name(value)
+    except paths.BadName as e:
+        raise typer.BadParameter(str(e)) from None
+
+
 ConfigOpt = Annotated[Path, typer.Option("--config", "-c", help="YAML configuration file")]
 InstanceOpt = Annotated[
-    str | None, typer.Option("--instance", "-i", help="instance name (default: from -c)")
+    str | None,
+    typer.Option(
+        "--instance",
+        "-i",
+        callback=_instance,
+        help="instance name (default: from -c, else 'default')",
+    ),
 ]
 OptConfigOpt = Annotated[
-    Path | None, typer.Option("--config", "-c", help="YAML file (for the instance name)")
+    Path | None,
+    typer.Option(
+        "--config",
+        "-c",
+        help="YAML file: its instance, and its api section says where the daemon is",
+    ),
 ]
 ApiOpt = Annotated[
     str | None,
     typer.Option(
         "--api",
         envvar="XDPLB_API",
-        help="the daemon's API URL, e.g. http://198.18.0.2:9100 "
-        "(default: the unix socket /run/xdplb/<instance>.api.sock)",
+        help="the daemon's API URL, e.g. http://198.18.0.2:9100 (default: api.listen of the "
+        "-c file, else the unix socket /run/xdplb/INSTANCE.api.sock)",
     ),
 ]
 TokenOpt = Annotated[
@@ -62,7 +83,7 @@ PrefixesArg = Annotated[
     list[str], typer.Argument(help="source prefixes, e.g. 198.18.7.0/24 fd78:6470:6c62::/48")
 ]
 HostInstanceOpt = Annotated[
-    str, typer.Option("--instance", "-i", help="pins under /sys/fs/bpf/xdplb/")
+    str, typer.Option("--instance", "-i", callback=_instance, help="pins under /sys/fs/bpf/xdplb/")
 ]
 
 
@@ -72,17 +93,37 @@ def usage_error(message: str) -> typer.Exit:
     return typer.Exit(EXIT_CONFIG)
 
 
+def _load(config: Path) -> Config:
+    try:
+        return load_config(config)
+    except ConfigError as e:
+        fail("invalid configuration", f"{config}: {e}")
+        raise typer.Exit(EXIT_CONFIG) from None
+
+
 def instance_name(config: Path | None, instance: str | None) -> str:
     """``-i``, else the instance of the ``-c`` file, else ``default``."""
     if instance:
         return instance
-    if config is not None:
-        try:
-            return load_config(config).instance
-        except ConfigError as e:
-            err.print(f"[red]invalid configuration[/red] {config}: {e}")
-            raise typer.Exit(EXIT_CONFIG) from None
-    return "default"
+    return _load(config).instance if config is not None else "default"
+
+
+def daemon_of(
+    config: Path | None, instance: str | None, api: str | None, token: str | None
+) -> tuple[str, Endpoint]:
+    """The instance and where its daemon is, in the one order every command that talks
+    to a daemon follows (:func:`xdplb.cli.client.endpoint`): ``--api``, else the ``api``
+    section of the ``-c`` file, else the default socket."""
+    if api is not None:
+        name = instance or "default"
+        return name, endpoint(name, api=api, token=token)
+    cfg = _load(config) if config is not None else None
+    name = instance or (cfg.instance if cfg is not None else "default")
+    try:
+        return name, endpoint(name, token=token, config=config, cfg=cfg)
+    except ConfigError as e:
+        fail("invalid configuration", f"{config}: {e}")
+        raise typer.Exit(EXIT_CONFIG) from None
 
 
 def vip_config(data: dict[str, Any]) -> VipConfig:

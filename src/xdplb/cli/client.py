@@ -1,9 +1,11 @@
 """A client of the daemon's HTTP API (:mod:`xdplb.daemon.api`), for the CLI and for tests.
 
-Where it connects: the daemon's unix socket ``/run/xdplb/<instance>.api.sock`` by
-default (``XDPLB_RUN_DIR`` moves it), or a URL (``http://host:port``) with a bearer
-token. Answers are parsed into the models of :mod:`xdplb.control.interface` and
-:mod:`xdplb.control.status`.
+Where it connects (:func:`endpoint`, the one order every command follows): ``--api URL``
+if given; else the ``api`` section of the configuration file given with ``-c``
+(``api.listen``: a TCP address or ``unix:/path``, with the file's token); else the default
+unix socket ``/run/xdplb/<instance>.api.sock`` (``XDPLB_RUN_DIR`` moves it). Every error
+names the endpoint it tried and where that came from. Answers are parsed into the models
+of :mod:`xdplb.control.interface` and :mod:`xdplb.control.status`.
 
 What it raises, which the CLI maps to its exit codes:
 
@@ -20,6 +22,7 @@ import ipaddress
 import os
 import re
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -28,6 +31,7 @@ from pydantic import BaseModel, TypeAdapter, ValidationError
 
 from xdplb.config import AclConfig, BackendConfig, Config, VipConfig
 from xdplb.config import Protocol as L4Protocol
+from xdplb.config.load import api_token
 from xdplb.control.interface import AclView, ChangeResult, DrainStatus, VipRef
 from xdplb.control.status import BackendStatus, Status, VipStatus
 from xdplb.core.addresses import IPAddress
@@ -111,7 +115,56 @@ def parse_backend(text: str) -> IPAddress:
         raise ValueError(f"{text!r} is not an IP address") from None
 
 
-def _nobody_listens(e: BaseException) -> bool:
+@dataclass(frozen=True)
+class Endpoint:
+    """Where the daemon is asked: a base URL or a unix socket, the bearer token to send,
+    and where the choice came from (``--api``, ``api.listen in FILE``; empty for the
+    default socket), which every error repeats."""
+
+    url: str | None = None
+    socket: Path | None = None
+    token: str | None = None
+    origin: str = ""
+
+    @property
+    def where(self) -> str:
+        return self.url if self.url is not None else str(self.socket)
+
+    @property
+    def described(self) -> str:
+        return f"{self.where} (from {self.origin})" if self.origin else self.where
+
+
+def endpoint(
+    instance: str = "default",
+    *,
+    api: str | None = None,
+    token: str | None = None,
+    config: Path | None = None,
+    cfg: Config | None = None,
+) -> Endpoint:
+    """The daemon of ``instance``: ``api`` (``--api``) if given; else ``cfg.api`` (the
+    ``-c`` file ``config``, already loaded): ``api.listen`` as a TCP address or a unix
+    socket, its token or token file; else the default unix socket of ``instance``.
+    ``token`` (``--token``, else ``XDPLB_TOKEN``) wins over the file's. ConfigError if the
+    file's token file cannot be read."""
+    if token is None:
+        token = os.environ.get("XDPLB_TOKEN") or None
+    if api is not None:
+        return Endpoint(url=api, token=token, origin="--api")
+    if cfg is not None:
+        if token is None:
+            token = api_token(cfg.api)
+        listen, origin = cfg.api.listen, f"api.listen in {config}"
+        if listen.startswith("unix:"):
+            return Endpoint(socket=Path(listen.removeprefix("unix:")), token=token, origin=origin)
+        if listen:
+            return Endpoint(url=f"http://{listen}", token=token, origin=origin)
+        instance = cfg.instance
+    return Endpoint(socket=api_socket(instance), token=token)
+
+
+def _nobody_listens(e: BaseException) -> OSError | None:
     """A refused connection or an absent socket, somewhere in httpx's exception chain
     (httpx wraps httpcore's error, which carries the OSError as its argument)."""
     todo: list[BaseException] = [e]
@@ -122,9 +175,9 @@ def _nobody_listens(e: BaseException) -> bool:
             continue
         seen.add(id(x))
         if isinstance(x, ConnectionRefusedError | FileNotFoundError):
-            return True
+            return x
         todo += [a for a in (x.__cause__, x.__context__, *x.args) if isinstance(a, BaseException)]
-    return False
+    return None
 
 
 def _vip_path(vip: VipRef) -> str:
@@ -140,9 +193,8 @@ def _acl_path(vip: VipRef | None) -> str:
 
 
 class Client(Closing):
-    """The API of one daemon. ``api``: a base URL (``http://198.18.0.2:9100``); None:
-    the unix socket of ``instance``. ``token``: sent as ``Authorization: Bearer``
-    (default: the ``XDPLB_TOKEN`` environment variable)."""
+    """The API of one daemon, at ``where`` (an :class:`Endpoint`; default: the one
+    :func:`endpoint` finds for ``instance``, ``api`` and ``token``)."""
 
     def __init__(
         self,
@@ -150,20 +202,18 @@ class Client(Closing):
         *,
         api: str | None = None,
         token: str | None = None,
-        socket: Path | None = None,
+        where: Endpoint | None = None,
         timeout: float = DEFAULT_TIMEOUT,
     ) -> None:
-        token = token if token is not None else os.environ.get("XDPLB_TOKEN") or None
-        headers = {"Authorization": f"Bearer {token}"} if token else {}
-        self.socket: Path | None
-        if api is not None:
-            self.socket = None
-            self.where = api
-            self._http = httpx.Client(base_url=api, headers=headers, timeout=timeout)
+        self.endpoint = where if where is not None else endpoint(instance, api=api, token=token)
+        ep = self.endpoint
+        headers = {"Authorization": f"Bearer {ep.token}"} if ep.token else {}
+        self.socket = ep.socket
+        self.where = ep.described
+        if ep.url is not None:
+            self._http = httpx.Client(base_url=ep.url, headers=headers, timeout=timeout)
         else:
-            self.socket = socket if socket is not None else api_socket(instance)
-            self.where = str(self.socket)
-            transport = httpx.HTTPTransport(uds=str(self.socket))
+            transport = httpx.HTTPTransport(uds=str(ep.socket))
             self._http = httpx.Client(
                 transport=transport, base_url="http://xdplb", headers=headers, timeout=timeout
             )
@@ -175,13 +225,16 @@ class Client(Closing):
 
     def request(self, method: str, path: str, **kwargs: Any) -> httpx.Response:
         """One request; raises NotRunning, Unreachable or ApiError as documented above."""
-        if self.socket is not None and not self.socket.exists():
-            raise NotRunning(f"no daemon: {self.socket} does not exist")
+        ep = self.endpoint
+        if ep.socket is not None and not ep.socket.exists():
+            origin = f" (from {ep.origin})" if ep.origin else ""
+            raise NotRunning(f"no daemon: {ep.socket} does not exist{origin}")
         try:
             resp = self._http.request(method, path, **kwargs)
         except httpx.ConnectError as e:
-            if _nobody_listens(e):
-                raise NotRunning(f"no daemon answers at {self.where}: {e}") from None
+            if (why := _nobody_listens(e)) is not None:
+                reason = os.strerror(why.errno).lower() if why.errno else str(why)
+                raise NotRunning(f"no daemon at {self.where}: {reason}") from None
             raise Unreachable(f"cannot reach the daemon at {self.where}: {e}") from None
         except httpx.TransportError as e:
             raise Unreachable(f"the daemon at {self.where} did not answer: {e!r}") from None

@@ -11,15 +11,12 @@ from collections.abc import Iterator, Mapping
 from typing import Any
 
 import typer
-from rich.console import Console
 from rich.table import Table
 
+from xdplb.cli.console import console
 from xdplb.control.interface import AclView, ChangeResult, DrainStatus
 from xdplb.control.sessions import Connection
 from xdplb.control.status import BackendStatus, MapStatus, Status, VipStatus
-
-console = Console()
-err = Console(stderr=True)
 
 
 def print_json(doc: object) -> None:

@@ -24,7 +24,7 @@ from xdplb.config.checks import (
     check_table_size,
 )
 from xdplb.config.health import HealthCheckConfig
-from xdplb.core import abi
+from xdplb.core import abi, paths
 from xdplb.core.addresses import IPAddress, IPNetwork
 
 
@@ -420,7 +420,9 @@ class LimitsConfig(_Model):
 class Config(_Model):
     """The whole desired state of one LB instance."""
 
-    instance: Annotated[str, Field(pattern=r"^[A-Za-z0-9_.-]{1,64}$")] = "default"
+    instance: Annotated[str, Field(json_schema_extra={"pattern": paths.INSTANCE_PATTERN})] = (
+        "default"
+    )
     """Name of this instance: its pins live in /sys/fs/bpf/xdplb/<instance>."""
     interfaces: list[str] = Field(default_factory=list)
     """Interfaces to attach lb_xdp to."""
@@ -449,6 +451,11 @@ class Config(_Model):
     def _prime(cls, v: int) -> int:
         check_table_size(v)
         return v
+
+    @field_validator("instance")
+    @classmethod
+    def _instance(cls, v: str) -> str:
+        return paths.instance_name(v)  # the one rule for every name that becomes a path
 
     @field_validator("interfaces")
     @classmethod

@@ -55,7 +55,7 @@ from xdplb.control.status import (
     build,
 )
 from xdplb.control.vip_weights import WeightFeedback
-from xdplb.core import abi
+from xdplb.core import abi, paths
 from xdplb.core.addresses import IPAddress
 from xdplb.core.errors import ConfigError
 from xdplb.core.mapops import DeleteTable, PutTable
@@ -79,7 +79,7 @@ class Runtime:
         #: Why the last reload was refused; None once one applies.
         self.last_reload_error: str | None = None
         self.instance = self.running.instance
-        self.admin_path = run_dir / f"{self.instance}.admin.json"
+        self.admin_path = paths.under(run_dir, f"{self.instance}.admin.json")
         self.started = time.monotonic()
         # Pinned maps of another size: refused here, naming the field, before loading.
         check_pins(self.instance, self.running.limits)

@@ -16,7 +16,7 @@ from pydantic import BaseModel, ConfigDict
 
 from xdplb.config import HashFields, VipConfig
 from xdplb.config import Protocol as L4Protocol
-from xdplb.core import abi, limits, paths
+from xdplb.core import abi, limits
 from xdplb.core.addresses import IPAddress
 
 if TYPE_CHECKING:
@@ -399,13 +399,14 @@ def _pinned_vips(snap: Snapshot) -> list[VipView]:
 
 def from_pins(instance: str) -> Status:
     """What the pinned maps of ``instance`` say, read by a process other than its daemon
-    (the CLI, when the daemon does not answer). FileNotFoundError: nothing pinned."""
+    (the CLI's ``status --offline``). FileNotFoundError: nothing pinned; XdplbError: the
+    pins are not visible here (datapath.lb.checked_pin_root)."""
     # bpf only here: the models are imported by the API's client, which makes no syscalls.
     from xdplb.datapath import Map
     from xdplb.datapath.hc import pin_dir
-    from xdplb.datapath.lb import LbMaps, MapFill
+    from xdplb.datapath.lb import LbMaps, MapFill, checked_pin_root
 
-    root = paths.pin_root(instance)
+    root = checked_pin_root(instance)
     with LbMaps.from_pins(root) as maps:
         snap = maps.snapshot()
         counters = maps.counters(snap=snap)

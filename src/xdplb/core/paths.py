@@ -1,9 +1,18 @@
-"""Where built objects and pins live."""
+"""Where built objects, pins and run-time files live, and which names may pick one.
+
+An instance name becomes a path (its pin directory, its API socket, pid and admin files),
+so every path built from one goes through :func:`instance_name`: a plain file name that
+stays a direct child of its root. The configuration's ``instance`` field, the CLI's
+``-i`` and everything below build their paths through it.
+"""
 
 from __future__ import annotations
 
 import os
+import re
 from pathlib import Path
+
+from xdplb.core.errors import XdplbError
 
 #: The source tree (src layout, editable install): <root>/src/xdplb/core/paths.py.
 ROOT = Path(__file__).resolve().parents[3]
@@ -38,9 +47,37 @@ def test_object(name: str) -> Path:
     return build_dir() / "test" / f"{name}.bpf.o"
 
 
+#: An instance name: letters, digits, ``_ . -``, at most 64, not starting with a dot
+#: (``.``, ``..`` and hidden names never name an instance).
+INSTANCE_PATTERN = r"^[A-Za-z0-9_-][A-Za-z0-9_.-]{0,63}$"
+_INSTANCE_RE = re.compile(INSTANCE_PATTERN)
+
+
+class BadName(XdplbError, ValueError):
+    """A name that would not stay a plain file name under its root."""
+
+
+def instance_name(name: str) -> str:
+    """``name`` if it may name an instance (:data:`INSTANCE_PATTERN`); BadName otherwise."""
+    if not _INSTANCE_RE.fullmatch(name):
+        raise BadName(
+            f"{name!r} is not an instance name: 1 to 64 of A-Z a-z 0-9 _ . -, "
+            "not starting with a dot"
+        )
+    return name
+
+
+def under(root: Path, name: str) -> Path:
+    """``root/name``, refusing any ``name`` that is not a plain file name (a slash, NUL,
+    ``.``, ``..`` or a leading dot): the result is always a direct child of ``root``."""
+    if not name or "/" in name or "\0" in name or name.startswith("."):
+        raise BadName(f"{name!r} is not a plain file name under {root}")
+    return root / name
+
+
 def pin_root(instance: str) -> Path:
     """Per-instance pin directory in bpffs."""
-    return BPFFS_ROOT / instance
+    return under(BPFFS_ROOT, instance_name(instance))
 
 
 def run_dir() -> Path:
@@ -50,9 +87,9 @@ def run_dir() -> Path:
 
 def api_socket(instance: str) -> Path:
     """The unix socket the daemon of ``instance`` serves its API on."""
-    return run_dir() / f"{instance}.api.sock"
+    return under(run_dir(), f"{instance_name(instance)}.api.sock")
 
 
 def pid_file(instance: str) -> Path:
     """The pid file of ``instance``'s daemon."""
-    return run_dir() / f"{instance}.pid"
+    return under(run_dir(), f"{instance_name(instance)}.pid")

@@ -38,6 +38,7 @@ from uvicorn.protocols.http.h11_impl import H11Protocol
 
 from xdplb.agent.receiver import ReportReceiver
 from xdplb.config import ApiConfig
+from xdplb.config.load import api_token
 from xdplb.control.caller import acting_for
 from xdplb.control.interface import ReloadRefused
 from xdplb.control.runtime import Runtime
@@ -69,20 +70,6 @@ def read_pid(instance: str) -> int | None:
     except ProcessLookupError:
         return None
     return pid
-
-
-def api_token(api: ApiConfig) -> str | None:
-    if api.token_file is None:
-        return api.token
-    try:
-        token = api.token_file.read_text().splitlines()[0].strip()
-    except (OSError, IndexError) as e:
-        raise ConfigError(
-            "api.token_file", f"cannot read a token from {api.token_file}: {e}"
-        ) from None
-    if len(token) < 16:
-        raise ConfigError("api.token_file", "the token must be at least 16 characters")
-    return token
 
 
 def bind_api(api: ApiConfig, instance: str) -> socket.socket:

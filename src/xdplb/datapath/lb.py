@@ -13,6 +13,7 @@ import os
 import shutil
 import socket
 import struct
+import sys
 from collections.abc import Iterable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -20,7 +21,7 @@ from pathlib import Path
 from xdplb.core import abi, limits, mapops, paths
 from xdplb.core.acl import AclKey, hits_slot, rule_value
 from xdplb.core.closing import Closing
-from xdplb.core.errors import BpfError
+from xdplb.core.errors import BpfError, XdplbError
 from xdplb.core.state import (
     BackendState,
     LbConfig,
@@ -438,10 +439,69 @@ class LbDatapath(LbMaps):
         self.obj.close()
 
 
-def destroy(instance: str) -> None:
-    """Detach every link of an instance and remove all of its pins (maps included)."""
+#: statfs(2) ``f_type`` of bpffs (linux/magic.h).
+BPF_FS_MAGIC = 0xCAFE4A11
+
+
+def fs_magic(path: Path) -> int:
+    """statfs(2) ``f_type`` of the file system holding ``path``; OSError."""
+    buf = ctypes.create_string_buffer(256)  # struct statfs: f_type is its first word
+    libc = ctypes.CDLL(None, use_errno=True)
+    if libc.statfs(os.fsencode(path), buf) != 0:
+        err = ctypes.get_errno()
+        raise OSError(err, os.strerror(err), str(path))
+    return int.from_bytes(buf.raw[: ctypes.sizeof(ctypes.c_long)], sys.byteorder) & 0xFFFFFFFF
+
+
+def checked_pin_root(instance: str) -> Path:
+    """The pin directory of ``instance``, once it is sure its pins are the kernel's: the
+    pin root (or its nearest existing parent) is on bpffs, and the directory is a real
+    directory directly under it. XdplbError saying which is not."""
     root = paths.pin_root(instance)
-    for path in sorted((root / "links").glob("xdp_*")) if root.exists() else []:
+    near = root
+    while not near.exists() and near != near.parent:
+        near = near.parent
+    magic = fs_magic(near)
+    if magic != BPF_FS_MAGIC:
+        raise XdplbError(
+            f"bpffs is not mounted at {near} (its file system is {magic:#x}, not bpffs "
+            f"{BPF_FS_MAGIC:#x}; inside `ip netns exec`?): the pins of {instance} are not "
+            "visible here"
+        )
+    for p in (root, root / "links"):
+        if p.is_symlink():
+            raise XdplbError(f"{p} is a symbolic link, not a directory of pins")
+    if root.exists() and root.resolve().parent != paths.BPFFS_ROOT.resolve():
+        raise XdplbError(f"{root} is not directly under {paths.BPFFS_ROOT}")
+    return root
+
+
+@dataclass(frozen=True)
+class Destroyed:
+    """What :func:`destroy` did: the interfaces it detached lb_xdp from (name, link id,
+    program id), how many pins it removed, and what it could not (paths left)."""
+
+    detached: tuple[tuple[str, int, int], ...]
+    pins: int
+    left: tuple[str, ...]
+
+
+def destroy(instance: str) -> Destroyed:
+    """Detach every link of an instance and remove all of its pins (maps included).
+    XdplbError before anything is done if :func:`checked_pin_root` refuses; BpfError if a
+    link does not detach (its pin and the rest are then kept)."""
+    root = checked_pin_root(instance)
+    if not root.is_dir():
+        return Destroyed((), 0, ())
+    detached = []
+    for path in sorted((root / "links").glob("xdp_*")):
         with Link.from_pinned(path) as link:
+            ifname, link_id, prog_id = path.name.removeprefix("xdp_"), link.id, link.prog_id
             link.detach()
+            if link.xdp_ifindex != 0:
+                raise XdplbError(f"link {link_id} on {ifname} is still attached after detach")
+        detached.append((ifname, link_id, prog_id))
+    pins = [p for p in root.rglob("*") if not p.is_dir()]
     shutil.rmtree(root, ignore_errors=True)
+    left = [str(p) for p in (root, *pins) if p.exists()]
+    return Destroyed(tuple(detached), len(pins), tuple(left))

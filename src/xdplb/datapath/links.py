@@ -4,9 +4,20 @@ from __future__ import annotations
 
 import enum
 import errno
+import sys
 
 from xdplb.core.closing import Closing
-from xdplb.datapath._ffi import StrPath, check, close_fd, lib, new_opts, obj_get, obj_info, obj_pin
+from xdplb.datapath._ffi import (
+    StrPath,
+    check,
+    close_fd,
+    ffi,
+    lib,
+    new_opts,
+    obj_get,
+    obj_info,
+    obj_pin,
+)
 from xdplb.datapath.programs import Program
 
 
@@ -40,6 +51,15 @@ class Link(Closing):
     def prog_id(self) -> int:
         """Id of the program the link runs now (0 once detached)."""
         return int(obj_info(self._fd, "bpf_link_info", "bpf_obj_get_info_by_fd(link)").prog_id)
+
+    @property
+    def xdp_ifindex(self) -> int:
+        """The interface an XDP link drives; 0 once detached. Read from the raw
+        ``struct bpf_link_info``: its union (``xdp.ifindex`` first) starts at byte 16."""
+        buf = ffi.new("unsigned char[]", 64)
+        size = ffi.new("__u32 *", 64)
+        check(lib.bpf_obj_get_info_by_fd(self._fd, buf, size), "bpf_obj_get_info_by_fd(link)")
+        return int.from_bytes(bytes(buf[16:20]), sys.byteorder)
 
     def pin(self, path: StrPath) -> None:
         """Pin in bpffs: the attachment then outlives this process."""

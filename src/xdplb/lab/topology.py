@@ -193,7 +193,7 @@ class Lab:
     def pin_root(self, name: str) -> Path:
         """A pin directory for this instance (``/sys/fs/bpf/xdplb/<prefix>-<name>``),
         removed at teardown."""
-        path = paths.BPFFS_ROOT / f"{self.prefix}-{name}"
+        path = paths.pin_root(f"{self.prefix}-{name}")  # a plain name, directly under the root
         if path not in self._pin_roots:
             self._pin_roots.append(path)
         return path
