@@ -109,9 +109,9 @@ def register(app: typer.Typer, api_context: ApiContext) -> None:
         api: ApiOpt = None,
         token: TokenOpt = None,
     ) -> None:
-        """VIPs and backends like ``ipvsadm -L -n`` (ActiveConn/InActConn from the agents,
+        """VIPs and backends like 'ipvsadm -L -n' (ActiveConn/InActConn from the agents,
         else the session table), with --stats or --rate; --connections lists the
-        session table like ``ipvsadm -L -n -c`` (filters --vip, --backend, --client,
+        session table like 'ipvsadm -L -n -c' (filters --vip, --backend, --client,
         --limit; --json: NDJSON). -c is --config, as in every xdplb command."""
         if stats and rate:
             typer.echo("--stats and --rate: choose one", err=True)
