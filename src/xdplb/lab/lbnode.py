@@ -76,7 +76,7 @@ class LbNode:
     def config(self) -> Config:
         return parse_config(self.doc)
 
-    def start(self, timeout: float = 15.0, *, wait: bool = True, args: Sequence[str] = ()) -> None:
+    def start(self, timeout: float = 30.0, *, wait: bool = True, args: Sequence[str] = ()) -> None:
         """Start the daemon (``xdplb run`` with ``args`` too) and wait until the maps hold
         this configuration (``wait``: not when load feedback rewrites the weights: the
         caller knows what to wait for)."""
