@@ -88,7 +88,8 @@ class ErrorBody(BaseModel):
 class WeightChange(BaseModel):
     """Body of PATCH .../backends/{backend}."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    # Strict as the configuration's models: "3", true and 3.0 are not weights.
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
 
     weight: Annotated[int, Field(ge=0, le=65535)]
 
