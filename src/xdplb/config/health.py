@@ -40,7 +40,7 @@ class HttpCheck(_Model):
     uri: Annotated[str, Field(min_length=1, pattern=r"^/[^\s]*$")] = "/"
     """Path and query; must start with ``/`` and hold no whitespace."""
     method: Literal["GET", "HEAD", "POST", "OPTIONS"] = "GET"
-    codes: Annotated[tuple[StatusCode, ...], Field(strict=False)] = (200,)
+    codes: Annotated[tuple[StatusCode, ...], Field(strict=False, fail_fast=True)] = (200,)
     """Statuses that count as up (a YAML list; a tuple here, so that settings hash)."""
     body: Annotated[str, Field(min_length=1)] | None = None
     """A substring the response body must contain; None: the body is not read."""
@@ -76,7 +76,8 @@ class CommandCheck(_Model):
     XDPLB_BACKEND, XDPLB_ADDRESS, XDPLB_PORT and XDPLB_VIP in its environment."""
 
     command: Annotated[
-        tuple[Annotated[str, Field(min_length=1)], ...], Field(min_length=1, strict=False)
+        tuple[Annotated[str, Field(min_length=1)], ...],
+        Field(min_length=1, strict=False, fail_fast=True),
     ]
     """argv (no shell): the program, then its arguments."""
 

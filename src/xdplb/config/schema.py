@@ -9,7 +9,8 @@ Validation is strict: ``"3"``, ``true`` or ``3.0`` where an integer is due (``1`
 boolean is) is refused, naming the field, not coerced; YAML and JSON give real numbers and
 booleans. What JSON and YAML can only spell as text is read from text, and only from text:
 addresses, prefixes, paths, and the names of enums (case-insensitive: ``protocol: TCP`` is
-``tcp``, which is how it is written back).
+``tcp``, which is how it is written back). A list stops at its first bad item
+(``fail_fast``): a body of a million bad items costs one error, not a million.
 """
 
 from __future__ import annotations
@@ -185,6 +186,16 @@ class ApiConfig(_Model):
     socket or a loopback address."""
     token_file: Annotated[Path, Field(strict=False)] | None = None
     """Read the token from this file instead (its first line)."""
+    max_body_bytes: Annotated[int, Field(ge=1024, le=1 << 30)] | None = None
+    """Largest request body read (413 beyond); default: what the largest sensible
+    configuration at ``limits`` takes (6 MiB at the default limits)."""
+    body_timeout: Annotated[float, Field(gt=0, le=3600)] = 30.0
+    """Seconds a request's body may take to arrive (408 beyond)."""
+    idle_timeout: Annotated[float, Field(gt=0, le=3600)] = 5.0
+    """Seconds a connection may stay open without a request, or take to send a request's
+    headers, before the daemon closes it."""
+    max_connections: Annotated[int, Field(ge=1, le=65535)] = 64
+    """Connections (and requests in progress) beyond which a new request gets 503."""
 
     @model_validator(mode="after")
     def _check(self) -> ApiConfig:
@@ -264,9 +275,9 @@ class AclConfig(_Model):
     A source no rule matches is allowed, unless ``allow`` is not empty: then it is denied
     (an allow list). A denied packet is dropped in XDP (drop reason ``acl``)."""
 
-    allow: list[AclPrefix] = Field(default_factory=list)
+    allow: list[AclPrefix] = Field(default_factory=list, fail_fast=True)
     """Source prefixes let through."""
-    deny: list[AclPrefix] = Field(default_factory=list)
+    deny: list[AclPrefix] = Field(default_factory=list, fail_fast=True)
     """Source prefixes dropped."""
 
     @model_validator(mode="after")
@@ -355,7 +366,7 @@ class VipConfig(_Model):
     health: HealthCheckConfig | None = None
     """Health check of every backend of this VIP (a backend may have its own); none:
     the backends count as up. A backend that fails leaves the table until it recovers."""
-    backends: list[BackendConfig] = Field(default_factory=list)
+    backends: list[BackendConfig] = Field(default_factory=list, fail_fast=True)
     acl: AclConfig = Field(default_factory=AclConfig)
     """This VIP's own source ACL, checked after the global one."""
 
@@ -466,7 +477,7 @@ class Config(_Model):
 
     instance: Annotated[str, Field(pattern=r"^[A-Za-z0-9_.-]{1,64}$")] = "default"
     """Name of this instance: its pins live in /sys/fs/bpf/xdplb/<instance>."""
-    interfaces: list[str] = Field(default_factory=list)
+    interfaces: list[str] = Field(default_factory=list, fail_fast=True)
     """Interfaces to attach lb_xdp to."""
     xdp_mode: Annotated[XdpModeName, NAME] = XdpModeName.NATIVE
     """native (driver) XDP; generic only as an explicit fallback."""
@@ -486,7 +497,7 @@ class Config(_Model):
     """Source ACL of every VIP address (any port, any protocol), checked first."""
     flood: FloodConfig = Field(default_factory=FloodConfig)
     """Connection-table insert budget and the new-flow rate limit."""
-    vips: list[VipConfig] = Field(default_factory=list)
+    vips: list[VipConfig] = Field(default_factory=list, fail_fast=True)
 
     @field_validator("table_size")
     @classmethod

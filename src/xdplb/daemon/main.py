@@ -41,6 +41,7 @@ from xdplb.core.errors import ConfigError
 from xdplb.daemon import privileges
 from xdplb.daemon.api import create_app
 from xdplb.daemon.metrics import Metrics
+from xdplb.daemon.serving import server_options
 
 log = logging.getLogger("xdplb.daemon.main")
 
@@ -188,7 +189,13 @@ class Daemon:
         paths.pid_file(rt.instance).write_text(f"{os.getpid()}\n")
         app = create_app(rt, token=token, metrics=self.metrics)
         server = _ApiServer(
-            uvicorn.Config(app, log_level="warning", access_log=False, lifespan="off")
+            uvicorn.Config(
+                app,
+                log_level="warning",
+                access_log=False,
+                lifespan="off",
+                **server_options(rt.running.api),
+            )
         )
         tasks = [
             asyncio.create_task(server.serve(sockets=[sock]), name="api"),
