@@ -15,6 +15,7 @@ Errors are all ``{"error": message, "field": dotted path or ""}``:
 - 400: malformed path or query (``/vips/not-an-ip/80/tcp``, ``port`` 70000);
 - 401: missing or wrong bearer token (with ``WWW-Authenticate: Bearer``);
 - 404: unknown VIP, backend or route; 405: method not allowed; 409: the VIP exists;
+- 408: the body took longer than ``api.body_timeout``; 413: it is over ``api.max_body_bytes``;
 - 422: the body does not validate, or the controller refused the change
   (:class:`~xdplb.core.errors.ConfigError`); ``field`` is the dotted path (``weight``,
   ``backends[1].weight``; a refused configuration names it in the whole configuration,
