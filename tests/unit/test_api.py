@@ -412,3 +412,56 @@ def test_docs_openapi_json_is_up_to_date(client: TestClient) -> None:
         "/api/v1/vips/{address}/{port}/{protocol}/backends/{backend}/enable",
         "/metrics",
     }
+
+
+# Strict bodies (issue 10, failures 13 and 9).
+
+
+@pytest.mark.parametrize("weight", ["3", True, 3.0])
+def test_a_weight_of_another_type_is_422(
+    client: TestClient, fake: FakeController, weight: Any
+) -> None:
+    before = client.get("/api/v1/config").json()
+    assert error(client.patch(BE, json={"weight": weight}), 422) == (
+        "Input should be a valid integer",
+        "weight",
+    )
+    be = {"address": "198.18.0.11", "weight": weight}
+    assert error(client.put(BE, json=be), 422) == ("Input should be a valid integer", "weight")
+    assert client.get("/api/v1/config").json() == before
+    assert client.get(BE).json()["weight"] == 2
+
+
+@pytest.mark.parametrize(
+    ("method", "path", "body", "field"),
+    [
+        ("POST", "/api/v1/vips", {"address": "198.18.100.7", "port": "443"}, "port"),
+        ("POST", "/api/v1/vips", {"address": "198.18.100.7", "icmp_echo": 1}, "icmp_echo"),
+        ("POST", "/api/v1/vips", {"address": 3232261127}, "address"),
+        ("PUT", VIP, {"address": "198.18.100.1", "port": 80.0}, "port"),
+        ("PUT", "/api/v1/acl", {"deny": [3232261127]}, "deny[0]"),
+        ("PUT", VIP + "/acl", {"allow": "198.18.0.0/16"}, "allow"),
+    ],
+)
+def test_no_body_is_coerced(
+    client: TestClient, fake: FakeController, method: str, path: str, body: Any, field: str
+) -> None:
+    before = fake.cfg
+    assert error(client.request(method, path, json=body), 422)[1] == field
+    assert fake.cfg is before
+
+
+def test_the_whole_configuration_is_strict(client: TestClient, fake: FakeController) -> None:
+    cfg = client.get("/api/v1/config").json()
+    for key, value in (("hash_seed", True), ("table_size", "65537"), ("interfaces", "eth0")):
+        assert error(client.put("/api/v1/config", json={**cfg, key: value}), 422)[1] == key
+    assert client.get("/api/v1/config").json() == cfg
+
+
+def test_protocol_in_upper_case(client: TestClient, fake: FakeController) -> None:
+    body = {"address": "198.18.100.7", "port": 443, "protocol": "TCP"}
+    assert client.post("/api/v1/vips", json=body).status_code == 201
+    assert client.get("/api/v1/config").json()["vips"][-1]["protocol"] == "tcp"
+    assert client.get("/api/v1/vips/198.18.100.7/443/Tcp").json()["name"] == "198.18.100.7:443/tcp"
+    r = client.put("/api/v1/vips/198.18.100.7/443/TCP", json={**body, "protocol": "Tcp"})
+    assert r.status_code == 200, r.text

@@ -22,7 +22,8 @@ StatusCode = Annotated[int, Field(ge=100, le=599)]
 
 
 class _Model(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    # Strict as xdplb.config.schema's models; a tuple field reads a list (strict=False).
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
 
 
 class TcpCheck(_Model):
@@ -39,7 +40,7 @@ class HttpCheck(_Model):
     uri: Annotated[str, Field(min_length=1, pattern=r"^/[^\s]*$")] = "/"
     """Path and query; must start with ``/`` and hold no whitespace."""
     method: Literal["GET", "HEAD", "POST", "OPTIONS"] = "GET"
-    codes: tuple[StatusCode, ...] = (200,)
+    codes: Annotated[tuple[StatusCode, ...], Field(strict=False, fail_fast=True)] = (200,)
     """Statuses that count as up (a YAML list; a tuple here, so that settings hash)."""
     body: Annotated[str, Field(min_length=1)] | None = None
     """A substring the response body must contain; None: the body is not read."""
@@ -74,7 +75,10 @@ class CommandCheck(_Model):
     """Up when a command exits with status 0 within the timeout. It runs with
     XDPLB_BACKEND, XDPLB_ADDRESS, XDPLB_PORT and XDPLB_VIP in its environment."""
 
-    command: Annotated[tuple[Annotated[str, Field(min_length=1)], ...], Field(min_length=1)]
+    command: Annotated[
+        tuple[Annotated[str, Field(min_length=1)], ...],
+        Field(min_length=1, strict=False, fail_fast=True),
+    ]
     """argv (no shell): the program, then its arguments."""
 
 

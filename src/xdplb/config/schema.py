@@ -4,12 +4,20 @@ what depends on its own fields (the checks that are plain functions are
 :mod:`xdplb.config.checks`), raising :class:`~xdplb.config.checks.FieldError` so the
 error names the field (:mod:`xdplb.config.load`). The API's request bodies are these
 models too.
+
+Validation is strict: ``"3"``, ``true`` or ``3.0`` where an integer is due (``1`` where a
+boolean is) is refused, naming the field, not coerced; YAML and JSON give real numbers and
+booleans. What JSON and YAML can only spell as text is read from text, and only from text:
+addresses, prefixes, paths, and the names of enums (case-insensitive: ``protocol: TCP`` is
+``tcp``, which is how it is written back). A list stops at its first bad item
+(``fail_fast``): a body of a million bad items costs one error, not a million.
 """
 
 from __future__ import annotations
 
 import ipaddress
 import re
+from collections.abc import Callable
 from enum import StrEnum
 from pathlib import Path
 from typing import Annotated, Any
@@ -28,7 +36,47 @@ from xdplb.core import abi, paths
 from xdplb.core.addresses import IPAddress, IPNetwork
 
 
-class Protocol(StrEnum):
+class _Name(StrEnum):
+    """An enum of the configuration: its values are lower-case names, read in any case."""
+
+    @classmethod
+    def _missing_(cls, value: object) -> _Name | None:
+        if isinstance(value, str):
+            for member in cls:
+                if member.value == value.lower():
+                    return member
+        return None
+
+
+#: An enum field: its name is text in YAML and JSON, so the field reads text (not strict).
+NAME = Field(strict=False)
+
+
+def _text(parse: Callable[[str], Any], kind: type | tuple[type, ...], what: str) -> BeforeValidator:
+    """A value JSON and YAML spell as text: parsed from a string, an instance as it is, and
+    anything else (a number, a boolean) refused."""
+
+    def check(value: Any) -> Any:
+        if isinstance(value, kind):
+            return value
+        if not isinstance(value, str):
+            raise ValueError(f"must be {what}, as a string")
+        try:
+            return parse(value)
+        except ValueError:
+            raise ValueError(f"{value!r} is not {what}") from None
+
+    return BeforeValidator(check)
+
+
+_V4, _V6 = ipaddress.IPv4Address, ipaddress.IPv6Address
+#: An IPv4 or IPv6 address, from its text (``198.18.0.11``, ``fd78::11``).
+Address = Annotated[IPAddress, _text(ipaddress.ip_address, (_V4, _V6), "an IPv4 or IPv6 address")]
+V4Address = Annotated[ipaddress.IPv4Address, _text(_V4, _V4, "an IPv4 address")]
+V6Address = Annotated[ipaddress.IPv6Address, _text(_V6, _V6, "an IPv6 address")]
+
+
+class Protocol(_Name):
     TCP = "tcp"
     UDP = "udp"
 
@@ -37,7 +85,7 @@ class Protocol(StrEnum):
         return abi.IPPROTO_TCP if self is Protocol.TCP else abi.IPPROTO_UDP
 
 
-class EncapKind(StrEnum):
+class EncapKind(_Name):
     GUE = "gue"
     IPIP = "ipip"
 
@@ -46,12 +94,12 @@ class EncapKind(StrEnum):
         return abi.Encap.GUE if self is EncapKind.GUE else abi.Encap.IPIP
 
 
-class HashFields(StrEnum):
+class HashFields(_Name):
     FIVE_TUPLE = "5tuple"  #: source and destination address and port, protocol
     SOURCE = "source"  #: source address only: every flow of a client to one backend
 
 
-class TableKindName(StrEnum):
+class TableKindName(_Name):
     MAGLEV = "maglev"  #: one hop per bucket; consistent hashing
     BEAMER = "beamer"  #: first hop + previous owners per bucket; daisy chaining keeps connections
 
@@ -64,19 +112,19 @@ class TableKindName(StrEnum):
 BEAMER_DEFAULT_SIZE = 65536
 
 
-class XdpModeName(StrEnum):
+class XdpModeName(_Name):
     NATIVE = "native"
     GENERIC = "generic"
 
 
 class _Model(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
 
 
 class BackendConfig(_Model):
     """A backend of a VIP: the tunnel endpoint the LB encapsulates to."""
 
-    address: IPAddress
+    address: Address
     """Tunnel endpoint; the host runs host_tc and has the VIP on its loopback."""
     weight: Annotated[int, Field(ge=0, le=65535)] = 1
     """Relative share of new flows; 0 keeps the backend configured but out of the table."""
@@ -136,8 +184,18 @@ class ApiConfig(_Model):
     token: Annotated[str, Field(min_length=16, max_length=4096)] | None = None
     """Bearer token every request must carry; required unless the API listens on a unix
     socket or a loopback address."""
-    token_file: Path | None = None
+    token_file: Annotated[Path, Field(strict=False)] | None = None
     """Read the token from this file instead (its first line)."""
+    max_body_bytes: Annotated[int, Field(ge=1024, le=1 << 30)] | None = None
+    """Largest request body read (413 beyond); default: what the largest sensible
+    configuration at ``limits`` takes (6 MiB at the default limits)."""
+    body_timeout: Annotated[float, Field(gt=0, le=3600)] = 30.0
+    """Seconds a request's body may take to arrive (408 beyond)."""
+    idle_timeout: Annotated[float, Field(gt=0, le=3600)] = 5.0
+    """Seconds a connection may stay open without a request, or take to send a request's
+    headers, before the daemon closes it."""
+    max_connections: Annotated[int, Field(ge=1, le=65535)] = 64
+    """Connections (and requests in progress) beyond which a new request gets 503."""
 
     @model_validator(mode="after")
     def _check(self) -> ApiConfig:
@@ -180,7 +238,7 @@ class LoadFeedbackConfig(_Model):
     """Sum of the weights handed out per VIP (weights are relative; 1:1 cannot move)."""
     bounds: WeightBounds = Field(default_factory=WeightBounds)
     """Bounds of every backend not listed in ``backend_bounds``."""
-    backend_bounds: dict[IPAddress, WeightBounds] = Field(default_factory=dict)
+    backend_bounds: dict[Address, WeightBounds] = Field(default_factory=dict)
     """Bounds per backend address (e.g. a small machine that must never take much)."""
 
     @model_validator(mode="after")
@@ -217,9 +275,9 @@ class AclConfig(_Model):
     A source no rule matches is allowed, unless ``allow`` is not empty: then it is denied
     (an allow list). A denied packet is dropped in XDP (drop reason ``acl``)."""
 
-    allow: list[AclPrefix] = Field(default_factory=list)
+    allow: list[AclPrefix] = Field(default_factory=list, fail_fast=True)
     """Source prefixes let through."""
-    deny: list[AclPrefix] = Field(default_factory=list)
+    deny: list[AclPrefix] = Field(default_factory=list, fail_fast=True)
     """Source prefixes dropped."""
 
     @model_validator(mode="after")
@@ -282,13 +340,13 @@ class FloodConfig(_Model):
 class VipConfig(_Model):
     """A virtual service: (address, port, protocol) and where its flows go."""
 
-    address: IPAddress
+    address: Address
     port: Annotated[int, Field(ge=0, le=65535)] = 0
     """0 is the wildcard: every port of the address (for this protocol)."""
-    protocol: Protocol = Protocol.TCP
-    encap: EncapKind = EncapKind.GUE
-    hash: HashFields = HashFields.FIVE_TUPLE
-    table: TableKindName = TableKindName.MAGLEV
+    protocol: Annotated[Protocol, NAME] = Protocol.TCP
+    encap: Annotated[EncapKind, NAME] = EncapKind.GUE
+    hash: Annotated[HashFields, NAME] = HashFields.FIVE_TUPLE
+    table: Annotated[TableKindName, NAME] = TableKindName.MAGLEV
     """maglev, or beamer: previous owners per bucket so backends can daisy-chain connections."""
     beamer: BeamerConfig = Field(default_factory=BeamerConfig)
     """Change policy of a Beamer table (ignored for Maglev)."""
@@ -311,7 +369,7 @@ class VipConfig(_Model):
     health: HealthCheckConfig | None = None
     """Health check of every backend of this VIP (a backend may have its own); none:
     the backends count as up. A backend that fails leaves the table until it recovers."""
-    backends: list[BackendConfig] = Field(default_factory=list)
+    backends: list[BackendConfig] = Field(default_factory=list, fail_fast=True)
     acl: AclConfig = Field(default_factory=AclConfig)
     """This VIP's own source ACL, checked after the global one."""
 
@@ -365,9 +423,9 @@ class VipConfig(_Model):
 class TunnelConfig(_Model):
     """Outer headers of the tunnels from the LB to the backends."""
 
-    source_v4: ipaddress.IPv4Address | None = None
+    source_v4: V4Address | None = None
     """Outer source address for IPv4 backends (the LB's own address)."""
-    source_v6: ipaddress.IPv6Address | None = None
+    source_v6: V6Address | None = None
     """Outer source address for IPv6 backends."""
     gue_port: Annotated[int, Field(ge=1, le=65535)] = abi.GUE_PORT
     """UDP destination port of GUE; host_tc on the backends must use the same."""
@@ -424,9 +482,9 @@ class Config(_Model):
         "default"
     )
     """Name of this instance: its pins live in /sys/fs/bpf/xdplb/<instance>."""
-    interfaces: list[str] = Field(default_factory=list)
+    interfaces: list[str] = Field(default_factory=list, fail_fast=True)
     """Interfaces to attach lb_xdp to."""
-    xdp_mode: XdpModeName = XdpModeName.NATIVE
+    xdp_mode: Annotated[XdpModeName, NAME] = XdpModeName.NATIVE
     """native (driver) XDP; generic only as an explicit fallback."""
     hash_seed: Annotated[int, Field(ge=0, le=2**32 - 1)] = 0
     """Seed of the flow hash; every LB node of a cluster must use the same."""
@@ -444,7 +502,7 @@ class Config(_Model):
     """Source ACL of every VIP address (any port, any protocol), checked first."""
     flood: FloodConfig = Field(default_factory=FloodConfig)
     """Connection-table insert budget and the new-flow rate limit."""
-    vips: list[VipConfig] = Field(default_factory=list)
+    vips: list[VipConfig] = Field(default_factory=list, fail_fast=True)
 
     @field_validator("table_size")
     @classmethod

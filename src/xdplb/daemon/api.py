@@ -16,6 +16,7 @@ Errors are all ``{"error": message, "field": dotted path or ""}``:
 - 401: missing or wrong bearer token (with ``WWW-Authenticate: Bearer``);
 - 404: unknown VIP, backend or route; 405: method not allowed; 409: the VIP exists, or
   a reload would drop changes made through the API (``?force=true`` applies it);
+- 408: the body took longer than ``api.body_timeout``; 413: it is over ``api.max_body_bytes``;
 - 422: the body does not validate, or the controller refused the change
   (:class:`~xdplb.core.errors.ConfigError`); ``field`` is the dotted path (``weight``,
   ``backends[1].weight``; a refused configuration names it in the whole configuration,
@@ -29,11 +30,19 @@ page asks for the token and then calls the API with it), and ``/openapi.json`` (
 same document as the published ``docs/openapi.json``). Without a token, only callers on
 this host (unix socket, loopback) are served; any other gets 401.
 
+The token is checked before a byte of the body is read, by :class:`_Gate`, an ASGI
+middleware (a FastAPI dependency would run only after the body was read and parsed), and
+the body is read there too, up to ``api.max_body_bytes`` (413 beyond: at once when
+``Content-Length`` says so, else when the count passes it) within ``api.body_timeout``
+(408). Header size, idle connections and concurrent connections are bounded where the
+server is configured (:mod:`xdplb.daemon.serving`).
+
 ``python -m xdplb.daemon.api --openapi > docs/openapi.json`` writes the specification.
 """
 
 from __future__ import annotations
 
+import asyncio
 import hmac
 import ipaddress
 import json
@@ -47,12 +56,14 @@ from fastapi import APIRouter, Depends, FastAPI, Path, Query, Request, Security
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import FileResponse, JSONResponse, Response
 from fastapi.routing import APIRoute
-from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
+from fastapi.security import HTTPBearer
 from fastapi.staticfiles import StaticFiles
 from prometheus_client import CONTENT_TYPE_LATEST
 from pydantic import BaseModel, ConfigDict, Field
+from starlette.datastructures import Headers
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.routing import BaseRoute, Match
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from xdplb.config import AclConfig, BackendConfig, Config, VipConfig, parse_config
 from xdplb.config import Protocol as L4Protocol
@@ -80,7 +91,8 @@ WEB_DIR = FsPath(__file__).resolve().parent / "web"
 
 T = TypeVar("T")
 
-#: auto_error=False: a missing token is answered by ``auth`` (401 with our error body).
+#: Declares the token in the specification; :class:`_Gate` checks it (auto_error=False:
+#: this dependency never answers).
 _bearer = HTTPBearer(auto_error=False, description="Required when the daemon is given a token")
 
 
@@ -98,7 +110,8 @@ class ErrorBody(BaseModel):
 class WeightChange(BaseModel):
     """Body of PATCH .../backends/{backend}."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    # Strict as the configuration's models: "3", true and 3.0 are not weights.
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
 
     weight: Annotated[int, Field(ge=0, le=65535)]
 
@@ -119,6 +132,8 @@ _ERRORS: dict[int | str, dict[str, Any]] = {
         (400, "Malformed path or query"),
         (401, "Missing or wrong bearer token"),
         (404, "Unknown VIP, backend or route"),
+        (408, "The body took longer than api.body_timeout"),
+        (413, "The body is larger than api.max_body_bytes"),
         (422, "The body does not validate, or the change was refused"),
         (500, "Internal error (logged)"),
     )
@@ -290,15 +305,116 @@ def _error_response(e: ApiError, headers: dict[str, str] | None = None) -> JSONR
     return JSONResponse(body, status_code=e.status, headers=headers)
 
 
-def _local_peer(request: Request) -> bool:
-    """The caller is on this host: a unix socket (no address) or a loopback address."""
-    client = request.client
-    if client is None or not client.host:
+def _local_peer(client: tuple[str, int] | None) -> bool:
+    """The caller (``scope["client"]``) is on this host: a unix socket (no address) or a
+    loopback address."""
+    if client is None or not client[0]:
         return True
     try:
-        return ipaddress.ip_address(client.host.split("%")[0]).is_loopback
+        return ipaddress.ip_address(client[0].split("%")[0]).is_loopback
     except ValueError:
         return False  # a name, or a proxy's idea of one: not provably local
+
+
+#: Bytes of a body per VIP and per ACL prefix the ``limits`` allow, for the default of
+#: ``api.max_body_bytes``: twice what a configuration of 64 backends per VIP, each VIP
+#: with a health check, and every ACL prefix takes as ``GET /config`` answers it.
+BODY_PER_VIP = 8 * 1024
+BODY_PER_ACL_RULE = 64
+
+
+def body_limit(cfg: Config) -> int:
+    """The largest body the API reads: ``api.max_body_bytes``, or what the largest
+    sensible configuration at ``cfg.limits`` takes (6 MiB at the default limits)."""
+    if cfg.api.max_body_bytes is not None:
+        return cfg.api.max_body_bytes
+    lim = cfg.limits
+    return max(1 << 20, lim.vips * BODY_PER_VIP + 2 * lim.acl_rules * BODY_PER_ACL_RULE)
+
+
+def _public(path: str) -> bool:
+    """What is served without the token: it holds no data of the instance."""
+    return path in ("/", "/openapi.json", "/static") or path.startswith("/static/")
+
+
+class _Gate:
+    """The token, then the body, before the application sees the request: a caller
+    without the token gets its 401 before a byte of its body is read, and a body is read
+    whole here (into memory, as FastAPI would), bounded in size and time, then replayed."""
+
+    def __init__(self, app: ASGIApp, *, token: bytes | None, config: Callable[[], Config]) -> None:
+        self.app = app
+        self.token = token
+        #: The running configuration: its api section and limits bound the body.
+        self.config = config
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http" or _public(scope["path"]):
+            await self.app(scope, receive, send)
+            return
+        headers = Headers(scope=scope)
+        has_body = "transfer-encoding" in headers or headers.get("content-length", "0") != "0"
+        refusal = self._refusal(scope, headers)
+        if refusal is None and has_body:
+            refusal, receive = await self._read_body(headers, receive)
+        if refusal is None:
+            await self.app(scope, receive, send)
+            return
+        # The rest of a refused body is not worth reading: the connection ends.
+        response = _error_response(refusal, {"Connection": "close"} if has_body else None)
+        await response(scope, receive, send)
+
+    def _refusal(self, scope: Scope, headers: Headers) -> ApiError | None:
+        if self.token is None:
+            # No token: the configuration only allows that on a unix socket or a
+            # loopback address; a call from anywhere else (a listener the operator
+            # forwarded, a proxy) is refused all the same.
+            if _local_peer(scope.get("client")):
+                return None
+            return ApiError(401, "a bearer token is required for calls from other hosts")
+        scheme, _, credentials = headers.get("authorization", "").partition(" ")
+        if scheme.lower() != "bearer" or not credentials:
+            return ApiError(401, "a bearer token is required")
+        if not hmac.compare_digest(credentials.encode(), self.token):
+            return ApiError(401, "wrong bearer token")
+        return None
+
+    async def _read_body(
+        self, headers: Headers, receive: Receive
+    ) -> tuple[ApiError | None, Receive]:
+        cfg = self.config()
+        limit, timeout = body_limit(cfg), cfg.api.body_timeout
+        too_big = ApiError(413, f"the body is larger than {limit} bytes (api.max_body_bytes)")
+        if int(headers.get("content-length", "0")) > limit:  # h11 checked it is a number
+            return too_big, receive
+        chunks: list[bytes] = []
+        size = 0
+        try:
+            async with asyncio.timeout(timeout):
+                while True:
+                    message = await receive()
+                    if message["type"] != "http.request":  # the client went away
+                        return ApiError(400, "the connection closed before the body"), receive
+                    chunk = message.get("body", b"")
+                    size += len(chunk)
+                    if size > limit:
+                        return too_big, receive
+                    chunks.append(chunk)
+                    if not message.get("more_body", False):
+                        break
+        except TimeoutError:
+            return ApiError(408, f"the body took over {timeout:g} s (api.body_timeout)"), receive
+        body = b"".join(chunks)
+        replayed = False
+
+        async def replay() -> Message:
+            nonlocal replayed
+            if replayed:
+                return await receive()
+            replayed = True
+            return {"type": "http.request", "body": body, "more_body": False}
+
+        return None, replay
 
 
 def create_app(
@@ -313,23 +429,6 @@ def create_app(
     daemon samples (None: an empty one)."""
     metrics = metrics if metrics is not None else Metrics(ctl)
     history = history if history is not None else History()
-    want = token.encode() if token is not None else None
-
-    async def auth(
-        request: Request,
-        creds: Annotated[HTTPAuthorizationCredentials | None, Security(_bearer)],
-    ) -> None:
-        if want is None:
-            # No token: the configuration only allows that on a unix socket or a
-            # loopback address; a call from anywhere else (a listener the operator
-            # forwarded, a proxy) is refused all the same.
-            if not _local_peer(request):
-                raise ApiError(401, "a bearer token is required for calls from other hosts")
-            return
-        if creds is None:
-            raise ApiError(401, "a bearer token is required")
-        if not hmac.compare_digest(creds.credentials.encode(), want):
-            raise ApiError(401, "wrong bearer token")
 
     app = FastAPI(
         title="xdplb",
@@ -340,7 +439,10 @@ def create_app(
         responses=_ERRORS,
     )
 
-    api = APIRouter(prefix=PREFIX, dependencies=[Depends(auth)])
+    app.add_middleware(
+        _Gate, token=token.encode() if token is not None else None, config=ctl.config
+    )
+    api = APIRouter(prefix=PREFIX, dependencies=[Security(_bearer)])
 
     @app.exception_handler(ApiError)
     async def _api_error(request: Request, exc: ApiError) -> Response:
@@ -559,7 +661,7 @@ def create_app(
 
     @app.get(
         "/metrics",
-        dependencies=[Depends(auth)],
+        dependencies=[Security(_bearer)],
         response_class=Response,
         responses={200: {"content": {"text/plain": {}}, "description": "Prometheus text"}},
         summary="Prometheus metrics",

@@ -34,7 +34,6 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import uvicorn
-from uvicorn.protocols.http.h11_impl import H11Protocol
 
 from xdplb.agent.receiver import ReportReceiver
 from xdplb.config import ApiConfig
@@ -47,8 +46,9 @@ from xdplb.core.errors import ConfigError
 from xdplb.daemon import privileges
 from xdplb.daemon.api import create_app
 from xdplb.daemon.history import History
-from xdplb.daemon.logs import PEER, CallerMiddleware, peer_of
+from xdplb.daemon.logs import CallerMiddleware
 from xdplb.daemon.metrics import Metrics
+from xdplb.daemon.serving import server_options
 
 log = logging.getLogger("xdplb.daemon.main")
 
@@ -110,15 +110,6 @@ def api_address(api: ApiConfig, instance: str) -> str:
         path = api.listen.removeprefix("unix:") if api.listen else paths.api_socket(instance)
         return f"unix:{path}"
     return f"http://{api.listen}"
-
-
-class PeerProtocol(H11Protocol):
-    """uvicorn's HTTP/1.1, which also leaves the connection's peer in every request's
-    state (:class:`~xdplb.daemon.logs.CallerMiddleware` names it)."""
-
-    def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
-        super().connection_made(transport)
-        self.app_state = {**self.app_state, PEER: peer_of(transport.get_extra_info("socket"))}
 
 
 def _socket_file(sock: socket.socket) -> tuple[Path, int] | None:
@@ -233,7 +224,7 @@ class Daemon:
                 log_config=None,  # our handler and format (xdplb.daemon.logs), not uvicorn's
                 access_log=False,
                 lifespan="off",
-                http=PeerProtocol,
+                **server_options(rt.running.api),
             )
         )
         tasks = [
