@@ -24,7 +24,7 @@ from xdplb.control.caller import acting_for, caller
 from xdplb.control.interface import ChangeResult
 from xdplb.daemon import logs
 from xdplb.daemon.api import create_app
-from xdplb.daemon.main import PeerProtocol
+from xdplb.daemon.serving import ApiProtocol
 from xdplb.lab.wait import wait_for
 
 pytestmark = pytest.mark.unit
@@ -134,7 +134,7 @@ class Recording(FakeController):
 
 def serve(app: Any, **where: Any) -> Iterator[uvicorn.Server]:
     server = uvicorn.Server(
-        uvicorn.Config(app, log_level="warning", lifespan="off", http=PeerProtocol, **where)
+        uvicorn.Config(app, log_level="warning", lifespan="off", http=ApiProtocol, **where)
     )
     t = threading.Thread(target=server.run, daemon=True)
     t.start()
