@@ -7,7 +7,7 @@ from __future__ import annotations
 from dataclasses import replace
 
 from xdplb.core import abi
-from xdplb.model.decision import PASS_NOT_VIP, Decision, Outcome
+from xdplb.model.decision import PASS_NOT_VIP, Decision, Outcome, table_drop
 from xdplb.model.encap import forward
 from xdplb.model.icmp import decide_slow
 from xdplb.model.parse import IPPROTO_TCP, TCP_ACK, TCP_SYN, address, parse_ip, parse_l4
@@ -62,17 +62,7 @@ def decide(state: DataplaneState, frame: bytes) -> Decision:
         # 9. Over the insert budget: balanced by the table, not recorded.
         events, conn_insert = (*events[:-1], abi.Event.CONN_FLOOD, events[-1]), None
     if drop is not None:
-        return Decision(
-            Outcome.DROP,
-            events=events,
-            drop=drop,
-            flow=flow,
-            vip=vip,
-            vip_params=params,
-            flow_hash=flow_hash,
-            bucket=bucket,
-            acl_hits=acl_hits,
-        )
+        return table_drop(drop, events, flow, vip, params, flow_hash, bucket, acl_hits)
     assert flow_hash is not None and hops
     return forward(
         state, frame, p, flow, vip, params, flow_hash, bucket, hops, events, acl_hits, conn_insert

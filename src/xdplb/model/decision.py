@@ -127,3 +127,28 @@ def dropped(reason: abi.DropReason) -> Decision:
 PASS_NOT_IP = _pass(abi.Event.PASS_NOT_IP)
 PASS_MALFORMED = _pass(abi.Event.PASS_MALFORMED)
 PASS_NOT_VIP = _pass(abi.Event.PASS_NOT_VIP)
+
+
+def table_drop(
+    drop: abi.DropReason,
+    events: tuple[abi.Event, ...],
+    flow: Flow,
+    vip: Vip,
+    params: VipParams,
+    flow_hash: int | None,
+    bucket: int | None,
+    acl_hits: tuple[tuple[int, abi.AclList], ...],
+) -> Decision:
+    """A VIP packet the table could not place (no table, an empty or missing bucket, a
+    backend slot not in use): dropped with what the steps up to the table saw."""
+    return Decision(
+        Outcome.DROP,
+        events=events,
+        drop=drop,
+        flow=flow,
+        vip=vip,
+        vip_params=params,
+        flow_hash=flow_hash,
+        bucket=bucket,
+        acl_hits=acl_hits,
+    )

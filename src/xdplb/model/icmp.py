@@ -8,7 +8,7 @@ from dataclasses import replace
 
 from xdplb.core import abi
 from xdplb.model.checksum import csum_replace16
-from xdplb.model.decision import PASS_NOT_VIP, Decision, Outcome, dropped
+from xdplb.model.decision import PASS_NOT_VIP, Decision, Outcome, dropped, table_drop
 from xdplb.model.encap import forward
 from xdplb.model.parse import IPPROTO_TCP, IPPROTO_UDP, Parsed, address
 from xdplb.model.policy import check_acl
@@ -163,17 +163,7 @@ def _decide_slow_acl(
             events = (abi.Event.CONN_STALE,)
         drop, flow_hash, bucket, hops = pick(state, params, flow)
         if drop is not None:
-            return Decision(
-                Outcome.DROP,
-                events=events,
-                drop=drop,
-                flow=flow,
-                vip=vip,
-                vip_params=params,
-                flow_hash=flow_hash,
-                bucket=bucket,
-                acl_hits=acl_hits,
-            )
+            return table_drop(drop, events, flow, vip, params, flow_hash, bucket, acl_hits)
     assert flow_hash is not None
     return forward(
         state, frame, p, flow, vip, params, flow_hash, bucket, hops, (*events, event), acl_hits
