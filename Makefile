@@ -45,7 +45,7 @@ build/test/%.bpf.o: tests/bpf/progs/%.bpf.c $(BPF_HDRS)
 	@mkdir -p build/test
 	$(CLANG) $(BPF_CFLAGS) -c $< -o $@
 
-build/.cffi: $(CFFI_MODS) bpf/lib/hash.h $(VENV)/.installed
+build/.cffi: $(CFFI_MODS) bpf/lib/hash.h bpf/include/xdplb_abi.h src/xdplb/datapath/sessions.c $(VENV)/.installed
 	@mkdir -p build
 	for m in $(CFFI_MODS); do $(PY) $$m || exit 1; done
 	@touch $@

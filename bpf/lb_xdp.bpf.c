@@ -25,16 +25,22 @@ static __always_inline int lb_xdp_run(struct xdp_md *ctx, struct lb_pkt *pkt)
 	const struct xdplb_vip_info *vip;
 	const struct xdplb_config *cfg;
 	struct lb_target tgt = {};
+	struct xdplb_conn_set *cs;
 	struct lb_cursor cur;
+	struct lb_sess *ss;
 	__u32 zero = 0;
 	__u32 new_flow = 0;
-	__u32 fhash;
+	__u32 shash, set, now;
 	int rc;
 
 	/* 1-2: Ethernet, IP, IPv6 extension headers; non-IP and malformed end here. */
 	rc = lb_parse_ip(ctx, pkt, &cur);
 	if (rc != LB_CONTINUE)
 		return rc;
+
+	/* 2': no VIP has this destination: nothing else to look at (lb_vip_filter) */
+	if (!lb_maybe_vip_addr(pkt))
+		return lb_pass(XDPLB_EV_PASS_NOT_VIP);
 
 	/* Read once: the ACL's flags here, the rest from step 8 on (NULL: NO_CONFIG there). */
 	cfg = bpf_map_lookup_elem(&lb_config, &zero);
@@ -47,7 +53,8 @@ static __always_inline int lb_xdp_run(struct xdp_md *ctx, struct lb_pkt *pkt)
 	/* 3-5, 7: other protocols end here, fragments and ICMP take 4a-4c. */
 	rc = lb_parse_l4(ctx, pkt, &cur);
 	if (rc == LB_SLOW) {
-		rc = lb_icmp_frag(ctx, pkt, &cur, cfg, &vip, &tgt);
+		now = lb_now();
+		rc = lb_icmp_frag(ctx, pkt, &cur, cfg, now, &vip, &tgt);
 		if (rc != LB_CONTINUE)
 			return rc;
 		goto forward;
@@ -56,7 +63,7 @@ static __always_inline int lb_xdp_run(struct xdp_md *ctx, struct lb_pkt *pkt)
 		return rc;
 
 	/* 6, then 6a: the VIP's ACL */
-	vip = lb_vip_lookup(pkt);
+	vip = lb_vip_lookup(pkt, cfg);
 	if (!vip)
 		return lb_pass(XDPLB_EV_PASS_NOT_VIP);
 	rc = lb_acl_vip(pkt, vip);
@@ -67,17 +74,23 @@ static __always_inline int lb_xdp_run(struct xdp_md *ctx, struct lb_pkt *pkt)
 		return lb_drop(XDPLB_DROP_NO_CONFIG);
 
 	/*
-	 * 8, then 9 on a miss or a stale entry; the flow hash picks the table's set.
-	 * A TCP SYN starts a new connection and follows the table whatever an old
-	 * entry of the same 5-tuple says (a reused port must not reach a backend
-	 * that has left the table since: down, drained, reweighted).
+	 * 8, then 9 on a miss or a session no longer live; the session hash picks
+	 * the session table's set (the table's jhash is left to a miss).  A TCP SYN starts a new connection and follows the table
+	 * whatever an old session of the same 5-tuple says (a reused port must not
+	 * reach a backend that has left the table since: down, drained, reweighted).
 	 */
-	fhash = xdplb_flow_hash((const __u32 *)&pkt->flow, cfg->hash_seed);
-	if (lb_is_syn(pkt) || !lb_conn_lookup(pkt, cfg, fhash, &tgt)) {
+	shash = xdplb_sess_hash((const __u32 *)&pkt->flow, cfg->hash_seed);
+	now = lb_now();
+	set = shash & cfg->conn_mask;
+	cs = bpf_map_lookup_elem(&lb_conns, &set);
+	ss = lb_sess_slot();
+	if (!ss)
+		return lb_drop(XDPLB_DROP_NO_CONFIG);
+	if (!lb_conn_lookup(pkt, vip, cfg, cs, set, shash, now, lb_is_syn(pkt), 1, ss, &tgt)) {
 		/* 8a: a new flow over its source prefix's rate goes no further */
 		if (lb_rate_applies(pkt) && lb_rate_limited(pkt, cfg))
 			return lb_drop(XDPLB_DROP_RATE_LIMIT);
-		rc = lb_table_lookup(pkt, vip, cfg, fhash, &tgt);
+		rc = lb_table_lookup(pkt, vip, cfg, cs, set, ss, shash, now, &tgt);
 		if (rc >= 0)
 			return rc;
 		new_flow = 1;

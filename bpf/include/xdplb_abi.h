@@ -12,7 +12,15 @@
 #define XDPLB_ABI_H
 
 #include <linux/types.h>
-#include <linux/bpf.h>	/* struct bpf_spin_lock */
+
+/*
+ * The layout version of lb_xdp's pinned maps: they live under <pin root>/abi-<N>
+ * (docs/operations.md, "Upgrades").  Any change to a struct a pinned map holds
+ * bumps it; the daemon then migrates the session table into the new layout.
+ */
+enum xdplb_abi {
+	XDPLB_ABI_VERSION = 2,
+};
 
 /* Default map sizes; the loader sets the configured ones (config limits:). */
 #define XDPLB_MAX_VIPS		512
@@ -66,12 +74,29 @@ struct xdplb_vip_info {
 	__u8 pad[2];
 };
 
+/*
+ * lb_vip_index: the VIPs of lb_vips as open-addressed tables of
+ * xdplb_config.vip_index_mask + 1 slots, two of them back to back (the live one
+ * is lb_vip_sel[0] & 1), rebuilt by user space whenever lb_vips changes.  A key
+ * lives in the first free slot from xdplb_vip_slot_hash(key) & mask on, at most
+ * XDPLB_VIP_PROBES slots on; a slot with family 0 ends the search.  The program
+ * reads this, not lb_vips: inlined array lookups and a compare instead of a hash
+ * map's call and jhash (steps 4a, 4b, 6).
+ */
+struct xdplb_vip_slot {
+	struct xdplb_vip_key key;	/* family 0: an empty slot */
+	struct xdplb_vip_info info;
+};
+
+#define XDPLB_VIP_PROBES	16
+
 /* lb_backends value, indexed by backend id.  Slot 0 is never a backend: 0 means "none". */
 struct xdplb_backend {
 	__u32 addr[4];		/* tunnel endpoint: IPv4 in addr[0] */
 	__u8 family;		/* enum xdplb_family; also the outer header's family */
 	__u8 flags;		/* XDPLB_BACKEND_F_* */
-	__u8 pad[2];
+	__u8 gen;		/* bumped when the slot is given to another address */
+	__u8 pad;
 };
 
 /*
@@ -88,33 +113,120 @@ struct xdplb_flow_key {
 };
 
 /*
- * The connection table lb_conns is set-associative: an ARRAY of sets
- * (XDPLB_CONN_SETS by default; the loader sets the configured number, a power
- * of 2), the set of a flow being xdplb_flow_hash(key, hash_seed) &
- * xdplb_config.conn_mask, each holding
- * XDPLB_CONN_WAYS flows.  Everything a lookup miss reads is in the set's first
- * 64 bytes (tags, backend ids, LRU ranks); each way's key has a cache line
- * of its own.  A BPF writer claims the set by turning seq odd with one
- * compare-and-swap and makes it even again when done (a seqcount, see
- * bpf/lib/lb_conns.h); the data path reads without a lock and counts a read
- * that saw seq odd or changed as a miss.  BPF never takes the spin lock: it
- * only serialises user-space writers (BPF_F_LOCK) with each other.
+ * The session table lb_conns (bpf/lib/lb_conns.h, docs/datapath.md step 8):
+ * an ARRAY of sets (XDPLB_CONN_SETS by default; the loader sets the configured
+ * number, a power of 2), the set of a flow being xdplb_sess_hash(key,
+ * hash_seed) & xdplb_config.conn_mask, each holding XDPLB_CONN_WAYS sessions.
+ * A set is five cache lines: a line of metadata (what a lookup that misses and
+ * an insert's choice of way read: tags, ages, states), then one line per way
+ * with its flow and where it goes.
+ *
+ * A set is written only while its writer holds it: the writer turns seq odd
+ * with a compare-and-swap, writes, and makes seq even again with an atomic
+ * add.  Both are BPF atomics with fetch, which are fully ordered.  A reader
+ * reads seq, then the set through an address computed from it, then seq again
+ * through an address computed from everything it read (address dependencies
+ * order loads on every CPU that runs BPF), and accepts only what an unchanged,
+ * even seq brackets.  last_seen is the one field written without the claim (a
+ * hit refreshes it; any value is a recent time).
+ *
+ * Time is in ticks: jiffies (bpf_jiffies64(), which the JIT inlines into one
+ * load; the kernel's HZ of them a second, xdplb_config.hz).
  */
-struct xdplb_conn_slot {
-	struct xdplb_flow_key key;
-	__u8 pad[24];		/* one cache line per way */
+enum xdplb_sess_state {
+	XDPLB_SESS_UDP = 0,	/* not TCP */
+	XDPLB_SESS_TCP_SYN,	/* TCP: recorded from a SYN, nothing else seen yet */
+	XDPLB_SESS_TCP_EST,	/* TCP: a segment without SYN seen (or recorded mid-flow) */
+	XDPLB_SESS_TCP_FIN,	/* TCP: the client sent FIN or RST */
+	XDPLB_SESS__MAX,
+};
+
+#define XDPLB_SESS_F_USED	(1U << 0)	/* the way holds a session */
+#define XDPLB_SESS_F_IMPORTED	(1U << 1)	/* written by user space (import), not by lb_xdp */
+
+/* A set's first cache line. */
+struct xdplb_conn_meta {
+	__u64 seq;			/* odd while a writer holds the set (64 bits: BPF's CAS) */
+	__u32 tag[XDPLB_CONN_WAYS];	/* xdplb_sess_hash() of the way's flow: a hint */
+	__u32 last_seen[XDPLB_CONN_WAYS];	/* tick of the way's last packet */
+	__u16 gen[XDPLB_CONN_WAYS];	/* xdplb_config.conn_gen when written: another is a miss */
+	__u8 state[XDPLB_CONN_WAYS];	/* enum xdplb_sess_state */
+	__u8 flags[XDPLB_CONN_WAYS];	/* XDPLB_SESS_F_* */
+	__u8 pad2[8];
+};
+
+/*
+ * One way's flow and where it goes: a cache line of its own.  The key is the
+ * flow key's fields (xdplb_flow_key without its padding); hop[] are backend
+ * ids (ids fit 16 bits: limits.backends <= 65536).  nat[] is room for
+ * NAT/FULLNAT (the translated address's index and ports, or for a reply-side
+ * entry the place of its forward one) without another layout change.
+ */
+struct xdplb_conn_entry {
+	__u32 src[4];
+	__u32 dst[4];
+	__be16 sport;
+	__be16 dport;
+	__u8 proto;
+	__u8 be_gen;		/* xdplb_backend.gen of hop[0] when recorded: another is stale */
+	__u16 pad;
+	__u16 hop[XDPLB_MAX_HOPS];	/* hop[0] the backend, then later hops (Beamer); 0: none */
+	__u32 hash;		/* the table hash, for the GUE source port */
+	__u32 nat[3];		/* reserved: NAT/FULLNAT */
 };
 
 struct xdplb_conn_set {
-	struct bpf_spin_lock lock;
-	__u8 rank[XDPLB_CONN_WAYS];	/* LRU position of each way, 0 = most recent */
-	__u32 tag[XDPLB_CONN_WAYS];	/* flow hash (seeded 5-tuple jhash) of the way's key */
-	__u32 backend_id[XDPLB_CONN_WAYS];	/* 0: the way is empty */
-	__u32 hash[XDPLB_CONN_WAYS];	/* the flow's table hash, kept so a hit needs no rehash */
-	__u32 seq;			/* odd while a writer changes the set */
-	__u32 pad;
-	struct xdplb_conn_slot slot[XDPLB_CONN_WAYS];
+	struct xdplb_conn_meta meta;
+	struct xdplb_conn_entry way[XDPLB_CONN_WAYS];
 };
+
+/* A session as one record: what the export ring carries and an import takes. */
+struct xdplb_session {
+	__u32 last_seen;	/* tick of its last packet (the exporting host's clock) */
+	__u16 gen;
+	__u8 state;		/* enum xdplb_sess_state */
+	__u8 flags;		/* XDPLB_SESS_F_* */
+	struct xdplb_conn_entry entry;
+};
+
+/* lb_sess_export: what a record says of its session. */
+enum xdplb_export_type {
+	XDPLB_EXPORT_NEW = 1,	/* lb_xdp recorded a new session */
+	XDPLB_EXPORT_UPDATE,	/* its state changed (state, last_seen as now) */
+};
+
+/* One record of the export ring buffer lb_sess_export (XDPLB_CFG_F_EXPORT). */
+struct xdplb_export_rec {
+	__u32 type;		/* enum xdplb_export_type */
+	__u32 set;		/* where: set index and way */
+	__u32 way;
+	__u32 pad;
+	struct xdplb_session sess;
+};
+
+#define XDPLB_EXPORT_RING_SIZE	(4U << 20)	/* lb_sess_export: bytes of ring buffer */
+
+/*
+ * Per-VIP member states (lb_members: vip id -> an inner ARRAY of __u64, two
+ * bits per backend id, XDPLB_MEMBERS_PER_WORD ids a word).  A UDP session is
+ * live while its backend is ACTIVE or DRAINING in its VIP.
+ */
+enum xdplb_member_state {
+	XDPLB_MEMBER_NONE = 0,		/* not a backend of this VIP (removed, or never was) */
+	XDPLB_MEMBER_ACTIVE,		/* in the table */
+	XDPLB_MEMBER_DRAINING,		/* weight 0 by drain or configuration: keeps its sessions */
+	XDPLB_MEMBER_DOWN,		/* a failed health check: its UDP sessions re-hash at once */
+};
+
+#define XDPLB_MEMBERS_PER_WORD	32
+
+/*
+ * Addresses that may be a VIP: bit xdplb_addr_filter_bit(addr) of the
+ * ARRAY lb_vip_filter (XDPLB_VIP_FILTER_WORDS __u64 words).  A packet whose
+ * destination's bit is clear is not for a VIP and passes at once.
+ */
+#define XDPLB_VIP_FILTER_BITS	16
+#define XDPLB_VIP_FILTER_WORDS	((1U << XDPLB_VIP_FILTER_BITS) / 64)
 
 /*
  * One bucket of a Beamer lookup table (inner map of lb_btables).  hop[0] is
@@ -132,13 +244,14 @@ struct xdplb_bucket {
 /* lb_config flags */
 #define XDPLB_CFG_F_PTB		(1U << 0)	/* answer TOO_BIG with frag-needed / packet-too-big */
 #define XDPLB_CFG_F_ACL_DENY	(1U << 1)	/* global ACL: a source no rule matches is denied */
+#define XDPLB_CFG_F_EXPORT	(1U << 3)	/* new sessions and state changes go to lb_sess_export */
 
 /* lb_config[0]: run-time settings of the LB program. */
 struct xdplb_config {
 	__u32 src4;		/* outer source address for IPv4 tunnels */
 	__u32 src6[4];		/* outer source address for IPv6 tunnels */
 	__be16 gue_port;	/* GUE destination UDP port */
-	__u16 pad;
+	__u16 conn_gen;		/* session generation: a session of another one is a miss (flush) */
 	__u32 hash_seed;
 	__u32 conn_mask;	/* lb_conns' sets - 1 (the set count is a power of 2) */
 	__u32 flood_max;	/* inserts per CPU per XDPLB_FLOOD_WINDOW_NS; 0: no limit */
@@ -148,6 +261,9 @@ struct xdplb_config {
 	__u8 rl_prefix4;	/* source prefix length the rate limit keys on: IPv4 */
 	__u8 rl_prefix6;	/* and IPv6 */
 	__u16 pad2;
+	__u32 conn_timeout[XDPLB_SESS__MAX];	/* idle timeout by session state, in ticks */
+	__u32 vip_index_mask;	/* lb_vip_index's slots - 1 (a power of 2) */
+	__u32 hz;		/* ticks per second (the kernel's HZ), for user space */
 };
 
 /* Per-CPU traffic counters (lb_vip_stats, lb_backend_stats). */
@@ -178,9 +294,9 @@ enum xdplb_event {
 	XDPLB_EV_PASS_NOT_IP = 0,	/* not IPv4/IPv6 (ARP, LLDP, ...) */
 	XDPLB_EV_PASS_MALFORMED,	/* IP header unparseable: left to the kernel */
 	XDPLB_EV_PASS_NOT_VIP,		/* IP, but no VIP matches */
-	XDPLB_EV_CONN_HIT,		/* connection table gave the backend */
+	XDPLB_EV_CONN_HIT,		/* the session table gave the backend */
 	XDPLB_EV_CONN_MISS,		/* hashed into the VIP's table */
-	XDPLB_EV_CONN_STALE,		/* table entry named an inactive backend */
+	XDPLB_EV_CONN_STALE,		/* the flow's session is no longer live (its VIP or backend changed) */
 	XDPLB_EV_TX,			/* encapsulated, XDP_TX */
 	XDPLB_EV_REDIRECT,		/* encapsulated, XDP_REDIRECT to another port */
 	XDPLB_EV_FIB_PASS,		/* encapsulated, no neighbour yet: kernel forwards */
@@ -190,6 +306,12 @@ enum xdplb_event {
 	XDPLB_EV_ICMP_ECHO,		/* echo request to a VIP answered here (XDP_TX) */
 	XDPLB_EV_ICMP_PTB,		/* too big to encapsulate: frag-needed / PTB sent back */
 	XDPLB_EV_FRAGMENT,		/* fragment balanced by addresses and protocol only */
+	XDPLB_EV_CONN_INSERT,		/* a session recorded */
+	XDPLB_EV_CONN_BUSY,		/* a session not recorded or read: another writer held its way */
+	XDPLB_EV_CONN_EVICT,		/* an insert replaced another flow's live session */
+	XDPLB_EV_CONN_EXPIRED,		/* a session past its idle timeout: a miss, or taken by an insert */
+	XDPLB_EV_CONN_GEN_MISS,		/* the flow's session is of an older generation (flushed) */
+	XDPLB_EV_EXPORT_DROP,		/* the export ring had no room for a record */
 	XDPLB_EV__MAX,
 };
 

@@ -59,4 +59,63 @@ static inline __u32 xdplb_flow_hash(const __u32 *k, __u32 seed)
 	return c;
 }
 
+/*
+ * The session table's hash of a flow key (its set is this & conn_mask): a
+ * multilinear hash, the sum of each word times its own odd 64-bit constant
+ * (ten multiplies the CPU runs side by side, a third of jhash's time), folded
+ * to 32 bits through MurmurHash3's finalizer.  A hit needs only this; the
+ * table's jhash (xdplb_flow_hash) is computed on a miss.
+ */
+static inline __u32 xdplb_sess_hash(const __u32 *k, __u32 seed)
+{
+	__u64 s = ((__u64)k[0] + seed) * 0x9e3779b97f4a7c15ULL;
+	__u32 h;
+
+	s += (__u64)k[1] * 0xc2b2ae3d27d4eb4fULL;
+	s += (__u64)k[2] * 0x165667b19e3779f9ULL;
+	s += (__u64)k[3] * 0xd6e8feb86659fd93ULL;
+	s += (__u64)k[4] * 0xff51afd7ed558ccdULL;
+	s += (__u64)k[5] * 0xc4ceb9fe1a85ec53ULL;
+	s += (__u64)k[6] * 0x87c37b91114253d5ULL;
+	s += (__u64)k[7] * 0x4cf5ad432745937fULL;
+	s += (__u64)k[8] * 0xa0761d6478bd642fULL;
+	s += (__u64)k[9] * 0xe7037ed1a0b428dbULL;
+	h = (__u32)(s >> 32) ^ (__u32)s;
+	h ^= h >> 16;
+	h *= 0x85ebca6bU;
+	h ^= h >> 13;
+	h *= 0xc2b2ae35U;
+	h ^= h >> 16;
+	return h;
+}
+
+/*
+ * The bit of lb_vip_filter an address has (XDPLB_VIP_FILTER_BITS wide): the
+ * address's words folded by XOR (IPv4: addr[1..3] are 0), then Fibonacci
+ * hashing, the top bits of a multiply (Knuth 6.4).
+ */
+static inline __u32 xdplb_addr_filter_bit(const __u32 *addr)
+{
+	__u32 x = addr[0] ^ addr[1] ^ addr[2] ^ addr[3];
+
+	return (x * 0x9e3779b1U) >> (32 - 16);
+}
+
+/*
+ * The home slot of a VIP key in lb_vip_index, before the mask: its address
+ * words folded by XOR with the word holding port, proto and family, through
+ * MurmurHash3's 32-bit finalizer (every bit of the input moves every bit).
+ */
+static inline __u32 xdplb_vip_slot_hash(const __u32 *addr, __u32 port_proto_family)
+{
+	__u32 x = addr[0] ^ addr[1] ^ addr[2] ^ addr[3] ^ xdplb_rol32(port_proto_family, 7);
+
+	x ^= x >> 16;
+	x *= 0x85ebca6bU;
+	x ^= x >> 13;
+	x *= 0xc2b2ae35U;
+	x ^= x >> 16;
+	return x;
+}
+
 #endif /* XDPLB_LIB_HASH_H */

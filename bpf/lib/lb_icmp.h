@@ -48,7 +48,11 @@
 /*
  * RFC 1624 eqn. 3: *sum after a 16-bit word of its data changes from old to
  * new.  All three in the same (memory) order: one's complement sums do not
- * care which.
+ * care which.  The end-around-carry sum of data that is all zero comes out as
+ * 0xffff (-0), whose complement 0x0000 receivers reject where a checksum over
+ * all-zero data is 0xffff; 0xffff is right in both cases (-0 + -0 = -0), so a
+ * zero result is written as 0xffff (an echo request with id, seq and payload
+ * all zero is the case that meets it).
  */
 static __always_inline void csum_replace16(__u16 *sum, __u16 old, __u16 new)
 {
@@ -56,12 +60,14 @@ static __always_inline void csum_replace16(__u16 *sum, __u16 old, __u16 new)
 
 	s = (s & 0xffff) + (s >> 16);
 	s = (s & 0xffff) + (s >> 16);
-	*sum = (__u16)~s;
+	s = (__u16)~s;
+	*sum = s ? s : 0xffff;
 }
 
 /* 4a: the VIP a fragment belongs to, in *vipp, or a drop verdict. */
 static __always_inline int lb_frag_vip(const struct lb_pkt *pkt,
 				       const struct xdplb_vip_addr_info *ai,
+				       const struct xdplb_config *cfg,
 				       const struct xdplb_vip_info **vipp)
 {
 	struct xdplb_vip_key key = {};
@@ -73,7 +79,7 @@ static __always_inline int lb_frag_vip(const struct lb_pkt *pkt,
 	key.port = udp ? ai->frag_port[1] : ai->frag_port[0];
 	key.proto = pkt->flow.proto;
 	key.family = pkt->family;
-	*vipp = bpf_map_lookup_elem(&lb_vips, &key);
+	*vipp = cfg ? lb_vip_find(&key, lb_vip_base(cfg), cfg->vip_index_mask) : NULL;
 	if (!*vipp)
 		return lb_drop(XDPLB_DROP_FRAGMENT);
 	return LB_CONTINUE;
@@ -190,7 +196,7 @@ static __always_inline int lb_icmp_quote(struct xdp_md *ctx, struct lb_pkt *pkt,
  */
 static __always_inline int lb_icmp_frag(struct xdp_md *ctx, struct lb_pkt *pkt,
 					struct lb_cursor *cur,
-					const struct xdplb_config *cfg,
+					const struct xdplb_config *cfg, __u32 now,
 					const struct xdplb_vip_info **vipp,
 					struct lb_target *tgt)
 {
@@ -198,7 +204,9 @@ static __always_inline int lb_icmp_frag(struct xdp_md *ctx, struct lb_pkt *pkt,
 	const struct xdplb_vip_addr_info *ai;
 	struct xdplb_addr key = {};
 	__u8 *icmp = cur->l4;
-	__u32 fhash;
+	struct xdplb_conn_set *cs;
+	struct lb_sess *ss;
+	__u32 shash, set;
 	enum xdplb_event ev;
 	int rc;
 
@@ -209,7 +217,7 @@ static __always_inline int lb_icmp_frag(struct xdp_md *ctx, struct lb_pkt *pkt,
 		return lb_pass(XDPLB_EV_PASS_NOT_VIP);
 
 	if (pkt->frag) {
-		rc = lb_frag_vip(pkt, ai, vipp);
+		rc = lb_frag_vip(pkt, ai, cfg, vipp);
 		/* 6a: the VIP's ACL holds for its fragments (not for routers' ICMP errors) */
 		if (rc == LB_CONTINUE)
 			rc = lb_acl_vip(pkt, *vipp);
@@ -234,7 +242,7 @@ static __always_inline int lb_icmp_frag(struct xdp_md *ctx, struct lb_pkt *pkt,
 		rc = lb_icmp_quote(ctx, pkt, icmp);
 		if (rc != LB_CONTINUE)
 			return rc;
-		*vipp = lb_vip_lookup(pkt);
+		*vipp = lb_vip_lookup(pkt, cfg);
 		if (!*vipp)
 			return lb_drop(XDPLB_DROP_ICMP);
 		ev = XDPLB_EV_ICMP_ERROR;
@@ -245,9 +253,12 @@ static __always_inline int lb_icmp_frag(struct xdp_md *ctx, struct lb_pkt *pkt,
 	if (!cfg)
 		return lb_drop(XDPLB_DROP_NO_CONFIG);
 	/* The flow's own packets: connection table, then the VIP's table; nothing recorded. */
-	fhash = xdplb_flow_hash((const __u32 *)&pkt->flow, cfg->hash_seed);
-	if (ev == XDPLB_EV_FRAGMENT || !lb_conn_lookup(pkt, cfg, fhash, tgt)) {
-		rc = lb_table_pick(pkt, *vipp, cfg, fhash, tgt);
+	shash = xdplb_sess_hash((const __u32 *)&pkt->flow, cfg->hash_seed);
+	set = shash & cfg->conn_mask;
+	cs = ev == XDPLB_EV_FRAGMENT ? NULL : bpf_map_lookup_elem(&lb_conns, &set);
+	ss = lb_sess_slot();
+	if (!ss || !lb_conn_lookup(pkt, *vipp, cfg, cs, set, shash, now, 0, 0, ss, tgt)) {
+		rc = lb_table_pick(pkt, *vipp, cfg, tgt);
 		if (rc >= 0)
 			return rc;
 	}

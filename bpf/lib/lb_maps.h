@@ -14,7 +14,10 @@
 
 #include "xdplb_abi.h"
 
-/* (address, port, proto) -> VIP; a port-0 entry is the VIP's wildcard. */
+/*
+ * (address, port, proto) -> VIP; a port-0 entry is the VIP's wildcard.  The
+ * control plane's record: the program reads lb_vip_index, built from it.
+ */
 struct {
 	__uint(type, BPF_MAP_TYPE_HASH);
 	__uint(max_entries, 2 * XDPLB_MAX_VIPS);
@@ -22,6 +25,29 @@ struct {
 	__type(value, struct xdplb_vip_info);
 	__uint(pinning, LIBBPF_PIN_BY_NAME);
 } lb_vips SEC(".maps");
+
+/*
+ * The VIPs again, as the program reads them (struct xdplb_vip_slot in
+ * xdplb_abi.h): two tables of lb_config.vip_index_mask + 1 slots, back to
+ * back; lb_vip_sel[0] & 1 says which one is live.  User space writes the other
+ * one whole, then flips lb_vip_sel (docs/datapath.md, step 6).  Plain ARRAYs:
+ * their lookups are inlined, where a map-in-map's inner lookup is a call.
+ */
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__uint(max_entries, 2 * 8 * XDPLB_MAX_VIPS);
+	__type(key, __u32);
+	__type(value, struct xdplb_vip_slot);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} lb_vip_index SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__uint(max_entries, 1);
+	__type(key, __u32);
+	__type(value, __u32);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} lb_vip_sel SEC(".maps");
 
 /* Every VIP address, for packets whose port is unknown (fragments, ICMP, truncated L4). */
 struct {
@@ -39,6 +65,11 @@ struct {
  * libbpf skips unknown data sections: nothing is loaded for it.
  */
 struct xdplb_bucket xdplb_btf_bucket SEC(".xdplb_btf") __attribute__((used));
+/* Likewise for what only user space reads: the ABI version, the export record, the states. */
+enum xdplb_abi xdplb_btf_abi SEC(".xdplb_btf") __attribute__((used));
+struct xdplb_export_rec xdplb_btf_export SEC(".xdplb_btf") __attribute__((used));
+enum xdplb_sess_state xdplb_btf_sess_state SEC(".xdplb_btf") __attribute__((used));
+enum xdplb_member_state xdplb_btf_member SEC(".xdplb_btf") __attribute__((used));
 
 /* Backend id -> tunnel endpoint.  Slot 0 is never a backend: 0 means "none". */
 struct {
@@ -90,11 +121,12 @@ struct {
 } lb_btables SEC(".maps");
 
 /*
- * 5-tuple -> backend: a set-associative cache (struct xdplb_conn_set,
- * lib/lb_conns.h).  An ARRAY, not an LRU_HASH: an insert into a full LRU
- * touches several cold nodes (~490 ns here); here it touches the set's first
- * line and the victim way's key line.  BPF_F_MMAPABLE only for the layout:
- * it page-aligns the values, so a set's lines are the cache's lines.
+ * 5-tuple -> session: a set-associative table of one-line sessions (struct
+ * xdplb_conn_set, lib/lb_conns.h).  An ARRAY, not an LRU_HASH: an insert
+ * into a full LRU touches several cold nodes (~490 ns here); here it writes
+ * one of the lines its lookup has just read.  BPF_F_MMAPABLE page-aligns the
+ * values, so every session is a cache line of its own, and lets user space
+ * read and import sessions with the same claim protocol (datapath/conns.py).
  */
 struct {
 	__uint(type, BPF_MAP_TYPE_ARRAY);
@@ -104,6 +136,44 @@ struct {
 	__type(value, struct xdplb_conn_set);
 	__uint(pinning, LIBBPF_PIN_BY_NAME);
 } lb_conns SEC(".maps");
+
+/*
+ * New sessions and state changes, for session sync (struct xdplb_export_rec),
+ * while lb_config has XDPLB_CFG_F_EXPORT.  A record the ring has no room for
+ * is counted (EXPORT_DROP), never waited for.
+ */
+struct {
+	__uint(type, BPF_MAP_TYPE_RINGBUF);
+	__uint(max_entries, XDPLB_EXPORT_RING_SIZE);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} lb_sess_export SEC(".maps");
+
+/*
+ * VIP id -> its members' states (enum xdplb_member_state, two bits per backend
+ * id in __u64 words), replaced as a whole like a table.  Read for UDP hits.
+ */
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY_OF_MAPS);
+	__uint(max_entries, XDPLB_MAX_VIPS);
+	__type(key, __u32);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+	__array(values, struct {
+		__uint(type, BPF_MAP_TYPE_ARRAY);
+		__uint(max_entries, XDPLB_MAX_BACKENDS / XDPLB_MEMBERS_PER_WORD);
+		__uint(map_flags, BPF_F_INNER_MAP);
+		__uint(key_size, sizeof(__u32));
+		__uint(value_size, sizeof(__u64));
+	});
+} lb_members SEC(".maps");
+
+/* One bit per hash of a VIP address (xdplb_addr_filter_bit): clear is "no VIP here". */
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__uint(max_entries, XDPLB_VIP_FILTER_WORDS);
+	__type(key, __u32);
+	__type(value, __u64);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} lb_vip_filter SEC(".maps");
 
 struct {
 	__uint(type, BPF_MAP_TYPE_ARRAY);

@@ -14,6 +14,7 @@
 
 #include "xdplb_abi.h"
 #include "lib/parsing.h"
+#include "lib/hash.h"
 #include "lib/lb_maps.h"
 #include "lib/counters.h"
 
@@ -39,6 +40,29 @@ struct lb_cursor {
 	void *l3;		/* the IP header */
 	void *l4;		/* the upper-layer header (TCP, UDP, ICMP) */
 };
+
+/*
+ * Step 2': could this destination be a VIP's address?  One bit of lb_vip_filter
+ * (xdplb_addr_filter_bit): clear is a certain no, set a maybe that the later
+ * steps settle.  Cheaper than any hash map lookup, so traffic for the host
+ * itself pays almost nothing.
+ */
+static __always_inline int lb_maybe_vip_addr(const struct lb_pkt *pkt)
+{
+	__u32 bit = xdplb_addr_filter_bit(pkt->flow.dst);
+	__u32 idx = bit / 64;
+	const __u64 *word = bpf_map_lookup_elem(&lb_vip_filter, &idx);
+
+	return word && ((*word >> (bit % 64)) & 1);
+}
+
+_Static_assert(XDPLB_VIP_FILTER_BITS == 16, "xdplb_addr_filter_bit() gives 16 bits");
+
+/* The session table's clock: jiffies, which the JIT inlines into a load (a helper call is ~15 ns). */
+static __always_inline __u32 lb_now(void)
+{
+	return bpf_jiffies64();
+}
 
 /* Is this destination the address of some VIP? (for packets without ports) */
 static __always_inline int lb_is_vip_addr(const struct lb_pkt *pkt)

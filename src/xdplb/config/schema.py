@@ -34,6 +34,7 @@ from xdplb.config.checks import (
 from xdplb.config.health import HealthCheckConfig
 from xdplb.core import abi, paths
 from xdplb.core.addresses import IPAddress, IPNetwork
+from xdplb.core.state import DEFAULT_TIMEOUTS, timeout_ticks
 
 
 class _Name(StrEnum):
@@ -337,6 +338,34 @@ class FloodConfig(_Model):
         return min(max(1, per_window), 2**32 - 1)
 
 
+Timeout = Annotated[float, Field(gt=0, le=7 * 86400)]
+
+
+class SessionsConfig(_Model):
+    """The session table: how long an idle session lives, by state (seconds). An expired
+    session is a miss: its flow is hashed into the table again (docs/datapath.md)."""
+
+    tcp_timeout: Timeout = DEFAULT_TIMEOUTS[abi.SessState.TCP_EST]
+    """An established TCP connection (a segment without SYN seen)."""
+    tcp_syn_timeout: Timeout = DEFAULT_TIMEOUTS[abi.SessState.TCP_SYN]
+    """A TCP connection of which only the SYN was seen."""
+    tcp_fin_timeout: Timeout = DEFAULT_TIMEOUTS[abi.SessState.TCP_FIN]
+    """A TCP connection after the client's FIN or RST."""
+    udp_timeout: Timeout = DEFAULT_TIMEOUTS[abi.SessState.UDP]
+    """A UDP flow. A drained backend keeps its UDP flows until they are idle this long."""
+
+    def ticks(self, hz: int) -> tuple[int, ...]:
+        """``xdplb_config.conn_timeout``, indexed by ``abi.SessState``, at ``hz`` ticks a
+        second (the kernel's HZ: the session clock is jiffies)."""
+        by_state = {
+            abi.SessState.UDP: self.udp_timeout,
+            abi.SessState.TCP_SYN: self.tcp_syn_timeout,
+            abi.SessState.TCP_EST: self.tcp_timeout,
+            abi.SessState.TCP_FIN: self.tcp_fin_timeout,
+        }
+        return tuple(timeout_ticks(by_state[st], hz) for st in abi.SessState)
+
+
 class VipConfig(_Model):
     """A virtual service: (address, port, protocol) and where its flows go."""
 
@@ -474,6 +503,12 @@ class LimitsConfig(_Model):
         """``lb_config.conn_mask``: a flow's set is its hash AND this."""
         return self.conn_sets - 1
 
+    @property
+    def vip_index_mask(self) -> int:
+        """``lb_config.vip_index_mask``: ``lb_vip_index`` has 8 slots per VIP, a power of
+        2 (``lb_vips`` holds up to two keys a VIP during a plan: a quarter full at most)."""
+        return (1 << (8 * self.vips - 1).bit_length()) - 1
+
 
 class Config(_Model):
     """The whole desired state of one LB instance."""
@@ -502,6 +537,8 @@ class Config(_Model):
     """Source ACL of every VIP address (any port, any protocol), checked first."""
     flood: FloodConfig = Field(default_factory=FloodConfig)
     """Connection-table insert budget and the new-flow rate limit."""
+    sessions: SessionsConfig = Field(default_factory=SessionsConfig)
+    """Idle timeouts of the session table."""
     vips: list[VipConfig] = Field(default_factory=list, fail_fast=True)
 
     @field_validator("table_size")

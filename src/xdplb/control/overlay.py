@@ -19,6 +19,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from xdplb.config import Config
+from xdplb.core import abi
 from xdplb.core.addresses import IPAddress
 
 #: (VIP name as in VipConfig.name, backend address)
@@ -42,6 +43,9 @@ class Effective:
     """VIPs whose every backend is down: they keep their last live weights."""
     last_live: dict[str, Weights] = field(default_factory=dict)
     """Per VIP, the last weights that had a live backend: pass it back next time."""
+    members: dict[str, dict[IPAddress, abi.MemberState]] = field(default_factory=dict)
+    """Per VIP, the backends out of its table because they are down (``lb_members``
+    DOWN: their UDP sessions move at once); the rest go by weight (planner)."""
 
 
 def effective(
@@ -70,6 +74,13 @@ def effective(
         backends = [
             b.model_copy(update={"weight": weights.get(b.address, 0)}) for b in vip.backends
         ]
+        down = {
+            b.address: abi.MemberState.DOWN
+            for b in backends
+            if b.weight == 0 and (vip.name, b.address) in overlay.down
+        }
+        if down:
+            out.members[vip.name] = down
         vips.append(vip.model_copy(update={"backends": backends}))
     for name in list(out.last_live):
         if name not in {v.name for v in cfg.vips}:

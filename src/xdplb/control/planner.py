@@ -24,6 +24,7 @@ move in the next plan, all of them.
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, replace
 
@@ -35,18 +36,22 @@ from xdplb.core.errors import ConfigError
 from xdplb.core.mapops import (
     DeleteAcl,
     DeleteBackend,
+    DeleteMembers,
     DeleteTable,
     DeleteVip,
     DeleteVipAddr,
     Op,
     PutAcl,
     PutBackend,
+    PutMembers,
     PutTable,
     PutVip,
     PutVipAddr,
     SetConfig,
+    SetVipFilter,
 )
 from xdplb.core.state import (
+    DEFAULT_HZ,
     BackendState,
     LbConfig,
     LookupTable,
@@ -54,6 +59,7 @@ from xdplb.core.state import (
     Vip,
     VipAddrInfo,
     VipParams,
+    filter_bits,
     vip_addr_infos,
 )
 from xdplb.tables import beamer, maglev
@@ -97,7 +103,8 @@ def acl_flags(acl: AclConfig, has_rules: int, default_deny: int) -> int:
     return (has_rules if rules.has_rules else 0) | (default_deny if rules.default_deny else 0)
 
 
-def desired_config(cfg: Config) -> LbConfig:
+def desired_config(cfg: Config, hz: int = DEFAULT_HZ) -> LbConfig:
+    """``lb_config`` for ``cfg``; ``hz``: the kernel's HZ (session timeouts are jiffies)."""
     rl = cfg.flood.rate_limit
     flags = acl_flags(cfg.acl, abi.CFG_F_ACL, abi.CFG_F_ACL_DENY)
     if cfg.tunnel.icmp_too_big:
@@ -114,6 +121,9 @@ def desired_config(cfg: Config) -> LbConfig:
         rl_burst=rl.bucket if rl is not None else 0,
         rl_prefix4=rl.prefix_v4 if rl is not None else 32,
         rl_prefix6=rl.prefix_v6 if rl is not None else 64,
+        conn_timeouts=cfg.sessions.ticks(hz),
+        vip_index_mask=cfg.limits.vip_index_mask,
+        hz=hz,
     )
 
 
@@ -204,41 +214,98 @@ def _beamer_table(
     return beamer.Scheduler(policy).step(table, weights, now, last)
 
 
+#: Member states whose UDP sessions are live (lb_select.h's lb_conn_lookup).
+LIVE_MEMBERS = (abi.MemberState.ACTIVE, abi.MemberState.DRAINING)
+
+#: VIP name -> backend address -> its state in the VIP; absent: by weight.
+MemberOverrides = Mapping[str, Mapping[IPAddress, abi.MemberState]]
+
+
+def member_states(
+    vip: VipConfig, ids: Mapping[IPAddress, int], overrides: MemberOverrides
+) -> dict[int, abi.MemberState]:
+    """A VIP's ``lb_members``: each backend ACTIVE with a weight, else DRAINING (drained,
+    or weight 0 in the configuration), unless ``overrides`` says otherwise (DOWN: its
+    health check fails)."""
+    given = overrides.get(vip.name, {})
+    out = {}
+    for b in vip.backends:
+        default = abi.MemberState.ACTIVE if b.weight > 0 else abi.MemberState.DRAINING
+        out[ids[b.address]] = given.get(b.address, default)
+    return out
+
+
+def _members_on_the_way(
+    old: Mapping[int, abi.MemberState], new: Mapping[int, abi.MemberState]
+) -> dict[int, abi.MemberState]:
+    """The states a VIP holds while its table changes: every backend live in the old or
+    the new states stays live until the table no longer sends to it."""
+    out = dict(new)
+    for bid, st in old.items():
+        if st in LIVE_MEMBERS and out.get(bid) not in LIVE_MEMBERS:
+            out[bid] = st
+    return {b: st for b, st in out.items() if st is not abi.MemberState.NONE}
+
+
 def plan(
     cfg: Config,
     current: Snapshot,
     *,
     now: float = 0.0,
     memory: Mapping[int, BeamerMemory] | None = None,
+    members: MemberOverrides | None = None,
+    hz: int = DEFAULT_HZ,
 ) -> list[Op]:
     """The operations that turn ``current`` into the state ``cfg`` describes.
 
     ``now`` and ``memory`` matter to Beamer tables only: a Beamer table moves one policy
     step per plan, no sooner than its minimum interval after the last change recorded in
     ``memory`` (vip id -> what the previous plans built). Without a memory entry every
-    bucket counts as equally old and the interval as elapsed.
+    bucket counts as equally old and the interval as elapsed. ``members``: backends
+    whose state in a VIP is not what their weight says (DOWN, from health checks).
+    ``hz``: the kernel's HZ (``xdplb.datapath.clock.hz``), the session clock's rate.
     """
     memory = memory or {}
+    members = members or {}
     check_capacity(cfg, current)
     ops_put: list[Op] = []
     ops_del: list[Op] = []
 
-    config = desired_config(cfg)
+    # The session generation is the maps' own: only a flush moves it.
+    config = replace(desired_config(cfg, hz), conn_gen=current.config.conn_gen)
     if config != current.config:
         ops_put.append(SetConfig(config))
 
-    # Backends: active ones keep their ids; new ones take the lowest free id >= 1.
+    # The filter first holds the old addresses and the new (a VIP never misses its bit).
+    new_bits = filter_bits({v.address for v in cfg.vips})
+    if current.vip_filter | new_bits != current.vip_filter:
+        ops_put.append(SetVipFilter(current.vip_filter | new_bits))
+
+    # Backends: active ones keep their ids; an address back after a removal takes its
+    # old slot if free (its TCP sessions still name it); others the lowest free id >= 1.
     wanted = cfg.backend_addresses()
     by_addr = {b.addr: i for i, b in current.backends.items() if b.active}
     ids: dict[IPAddress, int] = {a: i for a, i in by_addr.items() if a in wanted}
+    retired = {b.addr: i for i, b in current.backends.items() if not b.active}
+    for addr in wanted - ids.keys():
+        if addr in retired:
+            ids[addr] = retired[addr]
     # Never hand out an id that is active now, even one this plan frees: tables and
-    # connection entries still name it until the plan's deletions run.
-    free = iter(_lowest_free(by_addr.values(), 1, cfg.limits.backends))
+    # sessions still name it until the plan's deletions run. Slots never used go
+    # before retired ones, whose TCP sessions still reach their old address.
+    taken = [*by_addr.values(), *ids.values()]
+    never_used = _lowest_free([*taken, *retired.values()], 1, cfg.limits.backends)
+    free = itertools.chain(never_used, sorted(set(retired.values()) - set(taken)))
     for addr in sorted(wanted - ids.keys(), key=lambda a: (a.version, a)):
         ids[addr] = next(free)
     for addr, bid in sorted(ids.items(), key=lambda kv: kv[1]):
-        backend = BackendState(addr, True)
-        if current.backends.get(bid) != backend:
+        old_slot = current.backends.get(bid)
+        gen = 0
+        if old_slot is not None:
+            # Another address's slot: sessions recorded for that one must not follow.
+            gen = old_slot.gen if old_slot.addr == addr else (old_slot.gen + 1) & 0xFF
+        backend = BackendState(addr, True, gen)
+        if old_slot != backend:
             ops_put.append(PutBackend(bid, backend))
 
     # VIPs and their tables.
@@ -248,7 +315,9 @@ def plan(
     used_ids = {s.vip_id for s in current.vips.values()} | set(current.tables)
     fresh_ids = iter(_lowest_free(used_ids, 0, cfg.limits.vips))
     vip_puts: list[Op] = []
+    members_after: list[Op] = []
     live_tables: dict[int, LookupTable] = {}
+    live_members: set[int] = set()
     acl_entries = scope_rules(cfg.acl).entries(abi.ACL_GLOBAL)
     for vip in cfg.vips:
         key = vip_key(vip)
@@ -285,9 +354,19 @@ def plan(
                 ops_put.append(PutTable(vip_id, table, kind))
         if table is not None:
             live_tables[vip_id] = table
+        # Members: what becomes live before the table sends to it, what stops after.
+        want = member_states(vip, ids, members)
+        have = current.members.get(vip_id, {})
+        on_the_way = _members_on_the_way(have, want)
+        if on_the_way != have:
+            ops_put.insert(_before_tables(ops_put), PutMembers(vip_id, on_the_way))
+        if want != on_the_way:
+            members_after.append(PutMembers(vip_id, want))
+        live_members.add(vip_id)
         if old != params:
             vip_puts.append(PutVip(key, params))
     ops_put.extend(vip_puts)
+    ops_put.extend(members_after)
 
     # A backend leaves only when no table names it: a Beamer later hop is a backend
     # that still serves the connections it had when its buckets moved away.
@@ -308,10 +387,19 @@ def plan(
         ops_del.insert(0, DeleteVipAddr(addr))
     for vip_id in sorted(current.tables.keys() - live_tables.keys()):
         ops_del.insert(0, DeleteTable(vip_id))
-    # Deletions run VIPs first, then addresses, tables, backends.
+    for vip_id in sorted(current.members.keys() - live_members):
+        ops_del.append(DeleteMembers(vip_id))
+    # Deletions run VIPs first, then addresses, tables, members, backends.
     ops_del.sort(key=_del_rank)
+    if current.vip_filter | new_bits != new_bits:
+        ops_del.append(SetVipFilter(new_bits))
     acl_puts, acl_dels = plan_acl(acl_entries, current.acl)
     return acl_puts + ops_put + ops_del + acl_dels
+
+
+def _before_tables(ops: list[Op]) -> int:
+    """Where a member put goes: before the first table put of the plan so far."""
+    return next((i for i, op in enumerate(ops) if isinstance(op, PutTable)), len(ops))
 
 
 def plan_acl(
@@ -359,7 +447,7 @@ def _key_order(v: Vip) -> tuple[int, IPAddress, int, int]:
 
 
 def _del_rank(op: Op) -> int:
-    order = (DeleteVip, DeleteVipAddr, DeleteTable, DeleteBackend)
+    order = (DeleteVip, DeleteVipAddr, DeleteTable, DeleteMembers, DeleteBackend, SetVipFilter)
     return next(i for i, t in enumerate(order) if isinstance(op, t))
 
 
@@ -372,6 +460,8 @@ def apply_to_snapshot(snap: Snapshot, ops: Iterable[Op]) -> Snapshot:
         vip_addrs=dict(snap.vip_addrs),
         config=snap.config,
         acl=dict(snap.acl),
+        members={k: dict(v) for k, v in snap.members.items()},
+        vip_filter=snap.vip_filter,
     )
     for op in ops:
         match op:
@@ -397,4 +487,10 @@ def apply_to_snapshot(snap: Snapshot, ops: Iterable[Op]) -> Snapshot:
                 out.acl[key] = action
             case DeleteAcl(key):
                 del out.acl[key]
+            case PutMembers(vip_id, states):
+                out.members[vip_id] = dict(states)
+            case DeleteMembers(vip_id):
+                out.members.pop(vip_id, None)
+            case SetVipFilter(bits):
+                out.vip_filter = bits
     return out

@@ -61,7 +61,7 @@ from xdplb.core.errors import ConfigError
 from xdplb.core.mapops import DeleteTable, PutTable
 from xdplb.core.reports import LoadReport
 from xdplb.core.state import Snapshot
-from xdplb.datapath import XdpMode
+from xdplb.datapath import XdpMode, clock
 from xdplb.datapath.lb import LbDatapath, MapFill, check_pins
 from xdplb.health import HealthMonitor
 from xdplb.health.targets import HealthTargets
@@ -84,6 +84,8 @@ class Runtime:
         # Pinned maps of another size: refused here, naming the field, before loading.
         check_pins(self.instance, self.running.limits)
         self.dp = LbDatapath(self.instance, lim=self.running.limits)
+        #: The kernel's HZ: the session clock's ticks per second (timeouts are in ticks).
+        self.hz = clock.hz()
         #: Beamer tables as last built, by vip id (the maps hold hops, not history).
         self.memory: dict[int, planner.BeamerMemory] = {}
         self.feedback: WeightFeedback | None = None
@@ -152,7 +154,9 @@ class Runtime:
         self.last_live, self.all_down = eff.last_live, eff.all_down
         wanted = eff.config
         now = time.monotonic()
-        ops = planner.plan(wanted, snap, now=now, memory=self.memory)
+        ops = planner.plan(
+            wanted, snap, now=now, memory=self.memory, members=eff.members, hz=self.hz
+        )
         t0 = time.perf_counter()
         self.dp.apply(ops)
         for op in ops:

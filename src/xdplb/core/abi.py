@@ -16,6 +16,9 @@ from typing import ClassVar
 
 from xdplb.core.addresses import IPAddress
 
+#: The layout version of lb_xdp's pinned maps (``enum xdplb_abi``): pins live under
+#: ``<pin root>/abi-<N>`` (docs/operations.md, "Upgrades").
+ABI_VERSION = 2
 MAX_VIPS = 512
 MAX_BACKENDS = 4096
 MAX_HOPS = 4
@@ -52,6 +55,14 @@ BACKEND_F_ACTIVE = 1 << 0
 HC_F_SRC_HASH = 1 << 0
 CFG_F_PTB = 1 << 0
 CFG_F_ACL_DENY = 1 << 1
+CFG_F_EXPORT = 1 << 3
+SESS_F_USED = 1 << 0
+SESS_F_IMPORTED = 1 << 1
+EXPORT_RING_SIZE = 4 << 20
+MEMBERS_PER_WORD = 32
+VIP_FILTER_BITS = 16
+VIP_FILTER_WORDS = (1 << VIP_FILTER_BITS) // 64
+VIP_PROBES = 16
 FLOOD_WINDOW_NS = 100_000_000
 DEFAULT_FLOOD_MAX = 12500
 
@@ -90,6 +101,37 @@ class Event(enum.IntEnum):
     ICMP_ECHO = enum.auto()
     ICMP_PTB = enum.auto()
     FRAGMENT = enum.auto()
+    CONN_INSERT = enum.auto()
+    CONN_BUSY = enum.auto()
+    CONN_EVICT = enum.auto()
+    CONN_EXPIRED = enum.auto()
+    CONN_GEN_MISS = enum.auto()
+    EXPORT_DROP = enum.auto()
+
+
+class SessState(enum.IntEnum):
+    """``enum xdplb_sess_state``: where a session is in its life (its timeout's index)."""
+
+    UDP = 0
+    TCP_SYN = enum.auto()
+    TCP_EST = enum.auto()
+    TCP_FIN = enum.auto()
+
+
+class MemberState(enum.IntEnum):
+    """``enum xdplb_member_state``: a backend's state in one VIP (``lb_members``)."""
+
+    NONE = 0
+    ACTIVE = enum.auto()
+    DRAINING = enum.auto()
+    DOWN = enum.auto()
+
+
+class ExportType(enum.IntEnum):
+    """``enum xdplb_export_type``: what an export record says of its session."""
+
+    NEW = 1
+    UPDATE = enum.auto()
 
 
 class HostEvent(enum.IntEnum):
@@ -182,18 +224,26 @@ class VipInfo(_Struct):
     ]
 
 
+class VipSlot(_Struct):
+    """One slot of ``lb_vip_index``'s table: a VIP key (family 0: empty) and its value."""
+
+    c_name = "xdplb_vip_slot"
+    _fields_ = [("key", VipKey), ("info", VipInfo)]
+
+
 class Backend(_Struct):
     c_name = "xdplb_backend"
     _fields_ = [
         ("addr", ctypes.c_uint32 * 4),
         ("family", ctypes.c_uint8),
         ("flags", ctypes.c_uint8),
-        ("pad", ctypes.c_uint8 * 2),
+        ("gen", ctypes.c_uint8),
+        ("pad", ctypes.c_uint8),
     ]
 
     @classmethod
-    def make(cls, addr: IPAddress, flags: int = BACKEND_F_ACTIVE) -> Backend:
-        return cls(addr_words(addr), family_of(addr), flags)
+    def make(cls, addr: IPAddress, flags: int = BACKEND_F_ACTIVE, gen: int = 0) -> Backend:
+        return cls(addr_words(addr), family_of(addr), flags, gen)
 
 
 class FlowKey(_Struct):
@@ -214,24 +264,71 @@ class FlowKey(_Struct):
         )
 
 
-class ConnSlot(_Struct):
-    c_name = "xdplb_conn_slot"
-    _fields_ = [("key", FlowKey), ("pad", ctypes.c_uint8 * 24)]
+class ConnMeta(_Struct):
+    """A session-table set's first cache line (``struct xdplb_conn_meta``)."""
+
+    c_name = "xdplb_conn_meta"
+    _fields_ = [
+        ("seq", ctypes.c_uint64),
+        ("tag", ctypes.c_uint32 * CONN_WAYS),
+        ("last_seen", ctypes.c_uint32 * CONN_WAYS),
+        ("gen", ctypes.c_uint16 * CONN_WAYS),
+        ("state", ctypes.c_uint8 * CONN_WAYS),
+        ("flags", ctypes.c_uint8 * CONN_WAYS),
+        ("pad2", ctypes.c_uint8 * 8),
+    ]
+
+
+class ConnEntry(_Struct):
+    """One way of a session-table set (``struct xdplb_conn_entry``): the flow (ports in
+    network order, as in the flow key) and where it goes."""
+
+    c_name = "xdplb_conn_entry"
+    _fields_ = [
+        ("src", ctypes.c_uint32 * 4),
+        ("dst", ctypes.c_uint32 * 4),
+        ("sport", ctypes.c_uint16),
+        ("dport", ctypes.c_uint16),
+        ("proto", ctypes.c_uint8),
+        ("be_gen", ctypes.c_uint8),
+        ("pad", ctypes.c_uint16),
+        ("hop", ctypes.c_uint16 * MAX_HOPS),
+        ("hash", ctypes.c_uint32),
+        ("nat", ctypes.c_uint32 * 3),
+    ]
 
 
 class ConnSet(_Struct):
-    """One set of the connection table (``lb_conns`` value); see datapath/conns.py."""
+    """One set of the session table (``lb_conns`` value)."""
 
     c_name = "xdplb_conn_set"
+    _fields_ = [("meta", ConnMeta), ("way", ConnEntry * CONN_WAYS)]
+
+
+class Session(_Struct):
+    """A session as one record (``struct xdplb_session``): what the export ring carries
+    and an import takes."""
+
+    c_name = "xdplb_session"
     _fields_ = [
-        ("lock", ctypes.c_uint32),  # struct bpf_spin_lock
-        ("rank", ctypes.c_uint8 * CONN_WAYS),
-        ("tag", ctypes.c_uint32 * CONN_WAYS),
-        ("backend_id", ctypes.c_uint32 * CONN_WAYS),
-        ("hash", ctypes.c_uint32 * CONN_WAYS),
-        ("seq", ctypes.c_uint32),
+        ("last_seen", ctypes.c_uint32),
+        ("gen", ctypes.c_uint16),
+        ("state", ctypes.c_uint8),
+        ("flags", ctypes.c_uint8),
+        ("entry", ConnEntry),
+    ]
+
+
+class ExportRec(_Struct):
+    """One ``lb_sess_export`` record: a session lb_xdp recorded or moved on."""
+
+    c_name = "xdplb_export_rec"
+    _fields_ = [
+        ("type", ctypes.c_uint32),
+        ("set", ctypes.c_uint32),
+        ("way", ctypes.c_uint32),
         ("pad", ctypes.c_uint32),
-        ("slot", ConnSlot * CONN_WAYS),
+        ("sess", Session),
     ]
 
 
@@ -246,7 +343,7 @@ class Config(_Struct):
         ("src4", ctypes.c_uint32),
         ("src6", ctypes.c_uint32 * 4),
         ("gue_port", ctypes.c_uint16),  # network order
-        ("pad", ctypes.c_uint16),
+        ("conn_gen", ctypes.c_uint16),
         ("hash_seed", ctypes.c_uint32),
         ("conn_mask", ctypes.c_uint32),
         ("flood_max", ctypes.c_uint32),
@@ -256,6 +353,9 @@ class Config(_Struct):
         ("rl_prefix4", ctypes.c_uint8),
         ("rl_prefix6", ctypes.c_uint8),
         ("pad2", ctypes.c_uint16),
+        ("conn_timeout", ctypes.c_uint32 * len(SessState)),
+        ("vip_index_mask", ctypes.c_uint32),
+        ("hz", ctypes.c_uint32),
     ]
 
 
@@ -464,10 +564,14 @@ class CaptureRec(_Struct):
 STRUCTS: tuple[type[_Struct], ...] = (
     VipKey,
     VipInfo,
+    VipSlot,
     Backend,
     FlowKey,
-    ConnSlot,
+    ConnMeta,
+    ConnEntry,
     ConnSet,
+    Session,
+    ExportRec,
     Bucket,
     Config,
     Stats,

@@ -157,3 +157,27 @@ def flow_hash_many(words: U32Array, seed: int = 0) -> U32Array:
     c ^= b
     c -= _vrol(b, 24)
     return c
+
+
+def addr_filter_bit(addr: bytes) -> int:
+    """The ``lb_vip_filter`` bit of an address (4 or 16 bytes, network order), as
+    ``xdplb_addr_filter_bit()`` computes it from the address's little-endian words."""
+    raw = addr.ljust(16, b"\0")
+    x = 0
+    for i in range(0, 16, 4):
+        x ^= int.from_bytes(raw[i : i + 4], "little")
+    return ((x * 0x9E3779B1) & _MASK) >> (32 - abi.VIP_FILTER_BITS)
+
+
+def vip_slot_hash(addr_words: Iterable[int], port_proto_family: int) -> int:
+    """``xdplb_vip_slot_hash()``: a VIP key's home slot in ``lb_vip_index`` before the
+    mask, from its four address words and its last word (port, proto, family)."""
+    x = _rol(port_proto_family & _MASK, 7)
+    for w in addr_words:
+        x ^= w
+    x ^= x >> 16
+    x = (x * 0x85EBCA6B) & _MASK
+    x ^= x >> 13
+    x = (x * 0xC2B2AE35) & _MASK
+    x ^= x >> 16
+    return x

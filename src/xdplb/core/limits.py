@@ -41,9 +41,14 @@ class SizedMap:
     mul: int = 1
     div: int = 1
     add: int = 0
+    #: Round ``field * mul // div`` up to a power of 2, then take this many of it.
+    pow2_copies: int = 0
 
     def size(self, limits: Limits) -> int:
-        return (int(getattr(limits, self.field)) + self.add) * self.mul // self.div
+        n = (int(getattr(limits, self.field)) + self.add) * self.mul // self.div
+        if self.pow2_copies:
+            n = self.pow2_copies << (n - 1).bit_length()
+        return n
 
 
 #: Every map sized from the configuration, by name (lb_xdp's, hc_tc's). lb_vips has
@@ -56,6 +61,9 @@ SIZED_MAPS: dict[str, SizedMap] = {
         SizedMap("lb_tables", "vips"),
         SizedMap("lb_btables", "vips"),
         SizedMap("lb_vip_stats", "vips"),
+        SizedMap("lb_members", "vips"),
+        # Two tables of 8 slots per VIP, a power of 2 (lb_config.vip_index_mask + 1).
+        SizedMap("lb_vip_index", "vips", mul=8, pow2_copies=2),
         SizedMap("lb_backends", "backends"),
         SizedMap("lb_be_stats", "backends"),
         SizedMap("lb_nexthops", "backends"),  # lb_xdp's per-CPU next-hop cache, not pinned

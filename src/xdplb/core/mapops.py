@@ -6,6 +6,7 @@ Plain values, so that the kernel layer depends on this vocabulary and not on the
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 from xdplb.core import abi
@@ -80,9 +81,32 @@ class DeleteAcl:
 
 @dataclass(frozen=True)
 class DeleteBackend:
-    """Mark the slot inactive: connection-table entries naming it are re-hashed."""
+    """Mark the slot inactive: no table or later hop names it any more; its TCP
+    sessions still reach its address until the slot is given to another."""
 
     backend_id: int
+
+
+@dataclass(frozen=True)
+class PutMembers:
+    """Replace a VIP's member states (``lb_members``) as a whole: backend id -> state,
+    every id not named NONE."""
+
+    vip_id: int
+    states: Mapping[int, abi.MemberState]
+
+
+@dataclass(frozen=True)
+class DeleteMembers:
+    vip_id: int
+
+
+@dataclass(frozen=True)
+class SetVipFilter:
+    """``lb_vip_filter``: exactly these bits set (every VIP address's, and during a plan
+    the old ones' too)."""
+
+    bits: frozenset[int]
 
 
 Op = (
@@ -97,4 +121,7 @@ Op = (
     | DeleteBackend
     | PutAcl
     | DeleteAcl
+    | PutMembers
+    | DeleteMembers
+    | SetVipFilter
 )

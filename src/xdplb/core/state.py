@@ -8,13 +8,13 @@ from __future__ import annotations
 
 import ipaddress
 import socket
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
 import numpy as np
 import numpy.typing as npt
 
-from xdplb.core import abi
+from xdplb.core import abi, hashing
 from xdplb.core.acl import AclKey
 from xdplb.core.addresses import IPAddress
 
@@ -75,16 +75,21 @@ class BackendState:
 
     #: Tunnel endpoint; its family is the outer header's family.
     addr: IPAddress
-    #: ``XDPLB_BACKEND_F_ACTIVE``: an inactive slot is never chosen by the table and
-    #: turns a connection-table hit into ``CONN_STALE``.
+    #: ``XDPLB_BACKEND_F_ACTIVE``: an inactive slot is never chosen by a table nor sent
+    #: to as a later hop; its TCP sessions still reach it (its address stays).
     active: bool = True
+    #: Bumped (mod 256) each time the slot is given to another address: a session
+    #: recorded under another gen names someone else's slot and is stale.
+    gen: int = 0
 
     def abi_value(self) -> abi.Backend:
-        return abi.Backend.make(self.addr, abi.BACKEND_F_ACTIVE if self.active else 0)
+        return abi.Backend.make(self.addr, abi.BACKEND_F_ACTIVE if self.active else 0, self.gen)
 
     @classmethod
     def from_abi(cls, be: abi.Backend) -> BackendState:
-        return cls(abi.words_addr(be.addr, be.family), bool(be.flags & abi.BACKEND_F_ACTIVE))
+        return cls(
+            abi.words_addr(be.addr, be.family), bool(be.flags & abi.BACKEND_F_ACTIVE), be.gen
+        )
 
 
 @dataclass(frozen=True, eq=False)
@@ -198,6 +203,23 @@ class LookupTable:
         return cls(np.frombuffer(raw, dtype="<u4"))
 
 
+#: Default idle timeouts by session state (UDP, TCP after SYN, established, closing), in
+#: seconds: IPVS's udp, syn_recv, established and fin_wait.
+DEFAULT_TIMEOUTS = (300.0, 60.0, 900.0, 120.0)
+
+
+#: The kernel's HZ where none was measured (the session clock ticks in jiffies): Debian's.
+DEFAULT_HZ = 250
+
+
+def timeout_ticks(seconds: float, hz: int) -> int:
+    """A timeout in session-table ticks (jiffies, ``hz`` a second), rounded up."""
+    return min(-(-round(seconds * hz * 1000) // 1000), 0x7FFFFFFF)
+
+
+DEFAULT_TIMEOUT_TICKS = tuple(timeout_ticks(s, DEFAULT_HZ) for s in DEFAULT_TIMEOUTS)
+
+
 @dataclass(frozen=True)
 class LbConfig:
     """``lb_config[0]`` (``struct xdplb_config``)."""
@@ -222,6 +244,14 @@ class LbConfig:
     rl_burst: int = 0
     rl_prefix4: int = 32
     rl_prefix6: int = 64
+    #: The session generation: sessions of another one are misses (a flush moves it on).
+    conn_gen: int = 0
+    #: Idle timeout of a session by its state (``abi.SessState``), in ticks.
+    conn_timeouts: tuple[int, ...] = DEFAULT_TIMEOUT_TICKS
+    #: ``lb_vip_index``'s slots - 1.
+    vip_index_mask: int = 8 * abi.MAX_VIPS - 1
+    #: Ticks a second (the kernel's HZ), so user space can read ages and timeouts.
+    hz: int = DEFAULT_HZ
 
     def abi_value(self) -> abi.Config:
         cfg = abi.Config()
@@ -238,6 +268,10 @@ class LbConfig:
         cfg.rl_burst = self.rl_burst
         cfg.rl_prefix4 = self.rl_prefix4
         cfg.rl_prefix6 = self.rl_prefix6
+        cfg.conn_gen = self.conn_gen
+        cfg.conn_timeout[:] = self.conn_timeouts
+        cfg.vip_index_mask = self.vip_index_mask
+        cfg.hz = self.hz
         return cfg
 
     @classmethod
@@ -256,17 +290,30 @@ class LbConfig:
             cfg.rl_burst,
             cfg.rl_prefix4,
             cfg.rl_prefix6,
+            cfg.conn_gen,
+            tuple(cfg.conn_timeout),
+            cfg.vip_index_mask,
+            cfg.hz,
         )
 
 
 @dataclass(frozen=True)
 class ConnEntry:
-    """An entry of ``lb_conns`` (one way of a ``struct xdplb_conn_set``;
-    ``xdplb.datapath.conns`` translates the sets to and from key -> entry)."""
+    """A session of ``lb_conns`` (``struct xdplb_session``; ``xdplb.datapath.conns``
+    reads and writes the real ones)."""
 
     backend_id: int
-    #: The flow hash computed when the entry was made: reused for the GUE source port.
+    #: The table hash computed when the session was made: reused for the GUE source port.
     hash: int
+    #: Later hops (Beamer) recorded with it: a mid-connection TCP flow's bucket hops.
+    later: tuple[int, ...] = ()
+    state: abi.SessState = abi.SessState.UDP
+    #: The backend slot's gen when recorded.
+    be_gen: int = 0
+    #: The session generation it was written in.
+    gen: int = 0
+    #: Ticks of its last packet; None: fresh whatever the clock.
+    last_seen: int | None = None
 
 
 @dataclass(frozen=True)
@@ -348,6 +395,67 @@ def vip_addr_infos(
     return out
 
 
+def member_words(states: Mapping[int, abi.MemberState], words: int) -> npt.NDArray[np.uint64]:
+    """An ``lb_members`` inner map's contents: two bits per backend id, ``words`` words."""
+    out = np.zeros(words, dtype=np.uint64)
+    for bid, st in states.items():
+        w, b = divmod(bid, abi.MEMBERS_PER_WORD)
+        if st and w < words:
+            out[w] |= np.uint64(int(st) << (2 * b))
+    return out
+
+
+def member_states(raw: bytes) -> dict[int, abi.MemberState]:
+    """The states an ``lb_members`` inner map holds (NONE left out)."""
+    out = {}
+    for w, word in enumerate(np.frombuffer(raw, dtype="<u8")):
+        word = int(word)
+        while word:
+            low = (word & -word).bit_length() - 1
+            b = low // 2
+            st = (word >> (2 * b)) & 3
+            out[w * abi.MEMBERS_PER_WORD + b] = abi.MemberState(st)
+            word &= ~(3 << (2 * b))
+    return out
+
+
+class VipIndexFull(ValueError):
+    """A VIP key found no free slot within ``VIP_PROBES`` of its home in lb_vip_index."""
+
+
+def vip_index_slots(vips: Mapping[Vip, VipParams], slots: int) -> bytes:
+    """``lb_vip_index``'s table for these VIPs: ``slots`` (a power of 2) ``struct
+    xdplb_vip_slot``, each key at the first free slot from its home on (linear probing,
+    as lb_vip_find() searches)."""
+    table = (abi.VipSlot * slots)()
+    for vip, params in sorted(vips.items(), key=lambda kv: bytes(kv[0].abi_key())):
+        key = vip.abi_key()
+        words = np.frombuffer(bytes(key), dtype="<u4")
+        home = hashing.vip_slot_hash((int(w) for w in words[:4]), int(words[4]))
+        for i in range(abi.VIP_PROBES):
+            slot = table[(home + i) & (slots - 1)]
+            if not slot.key.family:
+                slot.key = key
+                slot.info = params.abi_value()
+                break
+        else:
+            raise VipIndexFull(f"no free slot for {vip} within {abi.VIP_PROBES} of its home")
+    return bytes(table)
+
+
+def filter_bits(addrs: Iterable[IPAddress]) -> frozenset[int]:
+    """The ``lb_vip_filter`` bits of a set of VIP addresses."""
+    return frozenset(hashing.addr_filter_bit(a.packed) for a in addrs)
+
+
+def filter_words(bits: Iterable[int]) -> npt.NDArray[np.uint64]:
+    """``lb_vip_filter``'s contents with exactly ``bits`` set."""
+    out = np.zeros(abi.VIP_FILTER_WORDS, dtype=np.uint64)
+    for b in bits:
+        out[b // 64] |= np.uint64(1 << (b % 64))
+    return out
+
+
 @dataclass
 class Snapshot:
     """Every map of lb_xdp but the connection table: what the planner plans against."""
@@ -365,3 +473,7 @@ class Snapshot:
     config: LbConfig = field(default_factory=lambda: LbConfig(None, None))
     #: ``lb_acl4`` and ``lb_acl6``: every scope's source prefix rules.
     acl: dict[AclKey, abi.AclList] = field(default_factory=dict)
+    #: ``lb_members``: vip id -> backend id -> its state in the VIP (NONE left out).
+    members: dict[int, dict[int, abi.MemberState]] = field(default_factory=dict)
+    #: ``lb_vip_filter``: the bits set (``hashing.addr_filter_bit`` of VIP addresses).
+    vip_filter: frozenset[int] = frozenset()

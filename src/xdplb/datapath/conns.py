@@ -1,81 +1,329 @@
-"""``lb_conns`` from user space: the set-associative connection table.
+"""``lb_conns`` from user space: the session table, read and written under lb_xdp's claim.
 
 lb_xdp keeps flows in an ARRAY of sets (``struct xdplb_conn_set``; as many as the map's
-max_entries, ``limits.conn_table / CONN_WAYS``, ``abi.CONN_SETS`` by default), the set of a
-flow being ``flow_hash(key, hash_seed) & conn_mask`` (``lb_config``; sets - 1), each holding
-``abi.CONN_WAYS`` flows with an LRU rank per way (``bpf/lib/lb_conns.h``). This module
-turns that into what the rest of the code wants, a mapping of flow key bytes ->
-(backend id, hash), and writes entries the way lb_xdp does.
+max_entries, ``limits.conn_table / CONN_WAYS``), the set of a flow being
+``flow_hash(key, hash_seed) & conn_mask``, each of ``abi.CONN_WAYS`` one-line sessions
+(``struct xdplb_session``). The map is mapped into this process (BPF_F_MMAPABLE) and
+every read and write goes through sessions.c (compiled into ``_libbpf_c``), which speaks
+the program's claim protocol in C11 atomics: a copy is taken between two loads of the
+claim word that agree, a write claims the way, writes it whole and releases it. So
+user space never tears a session lb_xdp is reading, nor reads a torn one, on any CPU.
 
-lb_xdp takes no lock: its writers claim a set by making its ``seq`` odd (a compare-and-swap)
-and make it even again when done. Every copy here is a ``BPF_F_LOCK`` one, which only
-serializes user space with itself; a set read is validated by its ``seq`` instead (even, and
-the same in a second copy made after the first: else it is read again), so readers never
-see a half-written set. Writes cannot be ordered for lb_xdp's lockless readers and writers:
-:meth:`ConnTable.put` (a read-modify-write) is for tests and tools, not for a table carrying
-traffic. :meth:`ConnTable.flush` is meant for use under traffic: a read that sees part of an
-entry zeroed is a miss (backend 0, tag or key not matching), or at worst carries a zero hash;
-the rare race of a flush with two lb_xdp writers of one set is described in lb_conns.h.
+Flushing is not a write here: it is a new ``conn_gen`` in ``lb_config``
+(:meth:`xdplb.datapath.lb.LbMaps.flush_conns`); sessions of an older generation are
+misses to lb_xdp and free ways to its inserts.
 """
 
 from __future__ import annotations
 
 import ctypes
-from collections.abc import Iterator
-from typing import NamedTuple
+import enum
+import mmap
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
 
 import numpy as np
 import numpy.typing as npt
 
 from xdplb.core import abi, hashing
-from xdplb.datapath.maps import BPF_F_LOCK, Map
+from xdplb.core.closing import Closing
+from xdplb.datapath._ffi import ffi, lib
+from xdplb.datapath.clock import now_ticks
+from xdplb.datapath.maps import Map
 
 WAYS = abi.CONN_WAYS
-#: Sets of a connection table of the default size.
+#: Sets of a session table of the default size.
 SETS = abi.CONN_SETS
 SET_SIZE = ctypes.sizeof(abi.ConnSet)
+SESSION_SIZE = ctypes.sizeof(abi.Session)
 _KEY = hashing.FLOW_KEY_SIZE
-
-#: ``struct xdplb_conn_set`` as a numpy record (offsets from the ctypes mirror).
-SET_DTYPE = np.dtype(
-    {
-        "names": ["rank", "tag", "backend_id", "hash", "seq", "slot"],
-        "formats": [
-            ("u1", WAYS),
-            ("<u4", WAYS),
-            ("<u4", WAYS),
-            ("<u4", WAYS),
-            "<u4",
-            (("V", ctypes.sizeof(abi.ConnSlot)), WAYS),
-        ],
-        "offsets": [
-            getattr(abi.ConnSet, f).offset
-            for f in ("rank", "tag", "backend_id", "hash", "seq", "slot")
-        ],
-        "itemsize": SET_SIZE,
-    }
-)
-
-
-#: Copies of one set tried before giving up on a set that lb_xdp keeps writing.
-_READ_TRIES = 1000
-#: Sets one chunk of :meth:`ConnTable.chunks` reads (320 KiB at 320 bytes a set).
+#: Copies of a way a writer keeps holding before a reader gives up on it.
+_TRIES = 1000
+#: Sets one chunk of :meth:`ConnTable.chunks` reads (256 KiB at 256 bytes a set).
 CHUNK_SETS = 1024
 
+_E = abi.Session.entry.offset
+#: ``struct xdplb_session`` as a numpy record (offsets from the ctypes mirror). Ports are
+#: the raw ``__be16`` words, as in the flow key.
+SESSION_DTYPE = np.dtype(
+    {
+        "names": [
+            "last_seen", "gen", "state", "flags",
+            "src", "dst", "sport", "dport", "proto", "be_gen", "hop", "hash",
+        ],
+        "formats": [
+            "<u4", "<u2", "u1", "u1",
+            ("<u4", 4), ("<u4", 4), "<u2", "<u2", "u1", "u1", ("<u2", abi.MAX_HOPS), "<u4",
+        ],
+        "offsets": [
+            abi.Session.last_seen.offset,
+            abi.Session.gen.offset,
+            abi.Session.state.offset,
+            abi.Session.flags.offset,
+            *(_E + getattr(abi.ConnEntry, f).offset
+              for f in ("src", "dst", "sport", "dport", "proto", "be_gen", "hop", "hash")),
+        ],
+        "itemsize": SESSION_SIZE,
+    }
+)  # fmt: skip
 
-class Entry(NamedTuple):
-    """One way in use of one set, as :meth:`ConnTable.iter_entries` yields it."""
+
+class ImportResult(enum.IntEnum):
+    """What an import did with one session (sessions.c, XDPLB_IMPORT_*)."""
+
+    WRITTEN = 0  # into a free way
+    REPLACED = 1  # over the flow's own session
+    EVICTED = 2  # over another flow's live session: the set was full
+    PRESENT = 3  # the flow had a live session and replace was not asked
+    BUSY = 4  # the ways stayed held by other writers
+
+
+@dataclass(frozen=True)
+class Entry:
+    """One session of the table, as a validated copy holds it."""
 
     set: int
     way: int
     key: bytes
     """The flow key (``struct xdplb_flow_key``, 40 bytes)."""
-    backend_id: int
+    hops: tuple[int, ...]
+    """Backend ids: the backend first, then later hops (Beamer), zeros left out."""
     hash: int
+    state: abi.SessState
+    last_seen: int
+    """Tick (jiffies, :func:`xdplb.datapath.clock.now_ticks`) of its last packet."""
+    gen: int
+    flags: int
+    be_gen: int
+
+    @property
+    def backend_id(self) -> int:
+        return self.hops[0] if self.hops else 0
+
+    def age(self, now: int) -> int:
+        """Ticks since its last packet."""
+        return (now - self.last_seen) & 0xFFFFFFFF
+
+    def live(self, gen: int, timeouts: Sequence[int], now: int) -> bool:
+        """Of generation ``gen`` and within its state's timeout (``conn_timeout``, ticks)
+        at tick ``now``: what lb_xdp's lookup checks before the backend."""
+        return self.gen == gen and self.age(now) <= timeouts[self.state]
+
+
+def key_of(rec: np.void) -> bytes:
+    """The 40-byte flow key of a session record."""
+    out = bytearray(_KEY)
+    out[0:16] = rec["src"].tobytes()
+    out[16:32] = rec["dst"].tobytes()
+    out[32:34] = int(rec["sport"]).to_bytes(2, "little")
+    out[34:36] = int(rec["dport"]).to_bytes(2, "little")
+    out[36] = int(rec["proto"])
+    return bytes(out)
+
+
+def _entry(pos: int, rec: np.void) -> Entry:
+    return Entry(
+        pos // WAYS,
+        pos % WAYS,
+        key_of(rec),
+        tuple(int(h) for h in rec["hop"] if h),
+        int(rec["hash"]),
+        abi.SessState(int(rec["state"]) & 3),
+        int(rec["last_seen"]),
+        int(rec["gen"]),
+        int(rec["flags"]),
+        int(rec["be_gen"]),
+    )
+
+
+def session(
+    key: bytes,
+    hops: Sequence[int],
+    hash_: int,
+    state: abi.SessState,
+    last_seen: int,
+    *,
+    be_gen: int = 0,
+) -> abi.Session:
+    """A session to import: ``key`` a 40-byte flow key, ``hops`` backend ids (1 to 4)."""
+    if not 1 <= len(hops) <= abi.MAX_HOPS or not hops[0]:
+        raise ValueError(f"hops: 1 to {abi.MAX_HOPS} backend ids, the first not 0: {hops}")
+    if any(not 0 <= h <= 0xFFFF for h in hops):
+        raise ValueError(f"hops: backend ids fit 16 bits: {hops}")
+    k = abi.FlowKey.from_buffer_copy(key)
+    s = abi.Session()
+    s.last_seen = last_seen & 0xFFFFFFFF
+    s.state = state
+    e = s.entry
+    e.src[:] = k.src
+    e.dst[:] = k.dst
+    e.sport, e.dport, e.proto = k.sport, k.dport, k.proto
+    e.be_gen = be_gen
+    e.hop[: len(hops)] = hops
+    e.hash = hash_
+    return s
+
+
+class ConnTable(Closing):
+    """The ``lb_conns`` map of an instance (any power-of-2 number of sets), mapped."""
+
+    def __init__(self, m: Map) -> None:
+        sets = m.max_entries
+        if m.value_size != SET_SIZE or sets < 1 or sets & (sets - 1):
+            raise ValueError(
+                f"{m!r} is not a session table (a power of 2 of sets of {SET_SIZE} bytes)"
+            )
+        self.map = m
+        #: Sets, and sessions it holds.
+        self.sets_count = sets
+        self.capacity = sets * WAYS
+        #: ``lb_config.conn_mask`` for this table.
+        self.mask = sets - 1
+        self._mm = mmap.mmap(m.fd, sets * SET_SIZE, mmap.MAP_SHARED)
+        self._base = ffi.from_buffer(self._mm)
+
+    def close(self) -> None:
+        self._base = None
+        self._mm.close()
+
+    # -- reading ------------------------------------------------------------------------
+
+    def read(
+        self, start: int = 0, count: int | None = None
+    ) -> tuple[npt.NDArray[np.void], npt.NDArray[np.uint32]]:
+        """Every way in use of sets ``start`` .. ``start + count - 1``, each a validated
+        copy: (records of :data:`SESSION_DTYPE`, positions set x WAYS + way)."""
+        count = self.sets_count - start if count is None else min(count, self.sets_count - start)
+        cap = max(count, 0) * WAYS
+        out = np.zeros(cap, dtype=SESSION_DTYPE)
+        pos = np.zeros(cap, dtype=np.uint32)
+        if cap == 0:
+            return out, pos
+        busy = ffi.new("uint32_t *")
+        n = lib.xdplb_sess_read(
+            self._base,
+            start,
+            count,
+            ffi.cast("struct xdplb_session *", ffi.from_buffer(out)),
+            ffi.cast("uint32_t *", ffi.from_buffer(pos)),
+            cap,
+            _TRIES,
+            busy,
+        )
+        return out[:n], pos[:n]
+
+    def chunks(
+        self, start: int = 0, chunk: int = CHUNK_SETS
+    ) -> Iterator[tuple[npt.NDArray[np.void], npt.NDArray[np.uint32]]]:
+        """:meth:`read` from set ``start`` to the end, ``chunk`` sets at a time: a reader
+        holds one chunk, never the table."""
+        if chunk < 1:
+            raise ValueError(f"chunk: must be at least 1 set, got {chunk}")
+        for first in range(start, self.sets_count, chunk):
+            yield self.read(first, chunk)
+
+    def iter_entries(self, start: int = 0, chunk: int = CHUNK_SETS) -> Iterator[Entry]:
+        """Every session from set ``start`` on, in table order (live or not: see
+        :meth:`Entry.live`). A flow that moves while the walk is under way may be seen
+        twice or not at all: each session is consistent, the table as a whole is not."""
+        for recs, pos in self.chunks(start, chunk):
+            for i in range(len(recs)):
+                yield _entry(int(pos[i]), recs[i])
+
+    def entries(self) -> dict[bytes, Entry]:
+        """Flow key -> session, for every way in use (the first, if a flow has two)."""
+        out: dict[bytes, Entry] = {}
+        for e in self.iter_entries():
+            out.setdefault(e.key, e)
+        return out
+
+    def count(self, gen: int | None = None, timeouts: Sequence[int] | None = None) -> int:
+        """Ways in use; of generation ``gen`` and within ``timeouts`` (ticks) when given:
+        the live sessions."""
+        now = now_ticks()
+        return sum(_live(recs, gen, timeouts, now) for recs, _ in self.chunks())
+
+    def estimate_count(
+        self, samples: int = 2048, gen: int | None = None, timeouts: Sequence[int] | None = None
+    ) -> int:
+        """:meth:`count` estimated from ``samples`` sets spread evenly over the table: a
+        few milliseconds instead of reading all of it (for status and metrics)."""
+        step = max(1, self.sets_count // samples)
+        now = now_ticks()
+        used = sum(
+            _live(self.read(i, 1)[0], gen, timeouts, now) for i in range(0, self.sets_count, step)
+        )
+        return used * step
+
+    def get(self, key: bytes, seed: int) -> Entry | None:
+        """The flow's session as lb_xdp's lookup finds it (live or not), or None."""
+        if len(key) != _KEY:
+            raise ValueError(f"a flow key is {_KEY} bytes, got {len(key)}")
+        out = ffi.new("struct xdplb_session *")
+        pos = ffi.new("uint32_t *")
+        k = ffi.cast("struct xdplb_flow_key *", ffi.from_buffer(key))
+        rc = lib.xdplb_sess_get(self._base, self.mask, seed, k, _TRIES, out, pos)
+        if rc < 0:
+            raise TornRead(f"the set of {key.hex()} kept being written")
+        if rc:
+            return None
+        rec = np.frombuffer(bytes(ffi.buffer(out)), dtype=SESSION_DTYPE)[0]
+        return _entry(int(pos[0]), rec)
+
+    # -- writing ------------------------------------------------------------------------
+
+    def import_sessions(
+        self,
+        sessions: Sequence[abi.Session],
+        *,
+        seed: int,
+        gen: int,
+        timeouts: Sequence[int],
+        now: int | None = None,
+        replace: bool = False,
+    ) -> list[ImportResult]:
+        """Write ``sessions`` into their sets under the claim, as this table's generation
+        ``gen`` (``lb_config``'s ``hash_seed``, ``conn_gen`` and ``conn_timeout`` say
+        where and what is live). ``replace``: a flow's live session is overwritten, else
+        kept (PRESENT). Each keeps its ``last_seen``; it is marked SESS_F_IMPORTED."""
+        n = len(sessions)
+        if n == 0:
+            return []
+        buf = bytearray(n * SESSION_SIZE)
+        for i, s in enumerate(sessions):
+            buf[i * SESSION_SIZE : (i + 1) * SESSION_SIZE] = bytes(s)
+        result = bytearray(n)
+        tmo = ffi.new("uint32_t[]", [int(t) for t in timeouts])
+        lib.xdplb_sess_import(
+            self._base,
+            self.mask,
+            seed,
+            gen,
+            now_ticks() if now is None else now,
+            tmo,
+            ffi.cast("struct xdplb_session *", ffi.from_buffer(buf)),
+            n,
+            int(replace),
+            _TRIES,
+            ffi.cast("uint8_t *", ffi.from_buffer(result)),
+        )
+        return [ImportResult(r) for r in result]
+
+
+def _live(
+    recs: npt.NDArray[np.void], gen: int | None, timeouts: Sequence[int] | None, now: int
+) -> int:
+    keep = np.ones(len(recs), dtype=bool)
+    if gen is not None:
+        keep &= recs["gen"] == gen
+    if timeouts is not None:
+        age = (np.uint32(now) - recs["last_seen"]).astype(np.uint32)
+        keep &= age <= np.asarray(timeouts, dtype=np.uint32)[recs["state"] & 3]
+    return int(np.count_nonzero(keep))
 
 
 class TornRead(RuntimeError):
-    """A set of ``lb_conns`` kept changing under every copy of it."""
+    """A set of ``lb_conns`` kept being written under every copy of it."""
 
 
 def set_index(key: bytes, seed: int, sets: int = SETS) -> int:
@@ -93,154 +341,3 @@ def check_mask(mask: int, sets: int) -> None:
             f"conn_mask {mask:#x} does not fit lb_conns' {sets} sets (mask + 1 must be a "
             f"power of 2 no larger than the set count)"
         )
-
-
-class ConnTable:
-    """The ``lb_conns`` map of an instance (of any power-of-2 number of sets)."""
-
-    def __init__(self, m: Map) -> None:
-        sets = m.max_entries
-        if m.value_size != SET_SIZE or sets < 1 or sets & (sets - 1):
-            raise ValueError(
-                f"{m!r} is not a connection table (a power of 2 of sets of {SET_SIZE} bytes)"
-            )
-        self.map = m
-        #: Sets, and connections it holds.
-        self.sets_count = sets
-        self.capacity = sets * WAYS
-        #: ``lb_config.conn_mask`` for this table.
-        self.mask = sets - 1
-
-    def sets(self) -> npt.NDArray[np.void]:
-        """Every set, as records of :data:`SET_DTYPE`, each one consistent (seq-validated)."""
-        first = np.frombuffer(self.map.lookup_array(BPF_F_LOCK), dtype=SET_DTYPE).copy()
-        again = np.frombuffer(self.map.lookup_array(BPF_F_LOCK), dtype=SET_DTYPE)
-        for idx in np.nonzero((first["seq"] & 1) | (first["seq"] != again["seq"]))[0]:
-            first[idx] = np.frombuffer(self._read_raw(int(idx)), dtype=SET_DTYPE)[0]
-        return first
-
-    def read_sets(self, start: int, count: int) -> npt.NDArray[np.void]:
-        """Sets ``start`` .. ``start + count - 1`` (fewer at the end), each seq-validated as
-        :meth:`sets` does: one batch copy, a second to compare seqs, a set copy per
-        set that changed."""
-        first = np.frombuffer(
-            self.map.lookup_array_range(start, count, BPF_F_LOCK), dtype=SET_DTYPE
-        ).copy()
-        again = np.frombuffer(
-            self.map.lookup_array_range(start, len(first), BPF_F_LOCK), dtype=SET_DTYPE
-        )
-        for idx in np.nonzero((first["seq"] & 1) | (first["seq"] != again["seq"]))[0]:
-            first[idx] = np.frombuffer(self._read_raw(start + int(idx)), dtype=SET_DTYPE)[0]
-        return first
-
-    def chunks(
-        self, start: int = 0, chunk: int = CHUNK_SETS
-    ) -> Iterator[tuple[int, npt.NDArray[np.void]]]:
-        """(first set index, sets) from set ``start`` to the end, ``chunk`` sets at a time:
-        a reader holds one chunk, never the table."""
-        if chunk < 1:
-            raise ValueError(f"chunk: must be at least 1 set, got {chunk}")
-        for first in range(start, self.sets_count, chunk):
-            yield first, self.read_sets(first, chunk)
-
-    def iter_entries(self, start: int = 0, chunk: int = CHUNK_SETS) -> Iterator[Entry]:
-        """Every entry from set ``start`` on, in set then way order, read by :meth:`chunks`.
-        A flow that moves while the walk is under way may be seen twice or not at all
-        (each set is consistent, the table as a whole is not: lb_xdp keeps writing)."""
-        for first, sets in self.chunks(start, chunk):
-            for s, w in zip(*np.nonzero(sets["backend_id"]), strict=True):
-                rec = sets[s]
-                yield Entry(
-                    first + int(s),
-                    int(w),
-                    bytes(rec["slot"][w])[:_KEY],
-                    int(rec["backend_id"][w]),
-                    int(rec["hash"][w]),
-                )
-
-    def count(self) -> int:
-        """Entries in the table."""
-        return int(np.count_nonzero(self.sets()["backend_id"]))
-
-    def estimate_count(self, samples: int = 2048) -> int:
-        """Entries in the table, estimated from ``samples`` sets spread evenly over it:
-        a few milliseconds instead of reading all of it (for status and metrics)."""
-        step = max(1, self.sets_count // samples)
-        used = sum(
-            int(np.count_nonzero(np.frombuffer(self._read_raw(i), dtype=SET_DTYPE)["backend_id"]))
-            for i in range(0, self.sets_count, step)
-        )
-        return used * step
-
-    def entries(self) -> dict[bytes, tuple[int, int]]:
-        """Flow key -> (backend id, hash), for every entry."""
-        sets = self.sets()
-        out: dict[bytes, tuple[int, int]] = {}
-        for s, w in zip(*np.nonzero(sets["backend_id"]), strict=True):
-            rec = sets[s]
-            out[bytes(rec["slot"][w])[:_KEY]] = (int(rec["backend_id"][w]), int(rec["hash"][w]))
-        return out
-
-    def _copy(self, idx: int) -> bytes:
-        raw = self.map.lookup(idx.to_bytes(4, "little"), BPF_F_LOCK)
-        assert raw is not None  # an array index below max_entries
-        return raw
-
-    def _read_raw(self, idx: int) -> bytes:
-        """One set, copied while no lb_xdp writer changed it (seq even and unchanged)."""
-        off = abi.ConnSet.seq.offset
-        raw = self._copy(idx)
-        for _ in range(_READ_TRIES):
-            again = self._copy(idx)
-            seq = raw[off : off + 4]
-            if not seq[0] & 1 and again[off : off + 4] == seq:
-                return raw
-            raw = again
-        raise TornRead(f"lb_conns set {idx} changed under {_READ_TRIES} copies")
-
-    def _read(self, idx: int) -> abi.ConnSet:
-        return abi.ConnSet.from_buffer_copy(self._read_raw(idx))
-
-    def get(self, key: bytes, seed: int) -> tuple[int, int] | None:
-        """(backend id, hash) of a flow, or None; does not refresh it (lb_xdp does)."""
-        st = self._read(set_index(key, seed, self.sets_count))
-        w = _find(st, key, hashing.flow_hash(key, seed))
-        return None if w is None else (st.backend_id[w], st.hash[w])
-
-    def put(self, key: bytes, backend_id: int, hash_: int, seed: int) -> None:
-        """Record a flow as lb_xdp would (replace, else an empty way, else evict the LRU)."""
-        if not backend_id:
-            raise ValueError("backend id 0 marks an empty way")
-        idx = set_index(key, seed, self.sets_count)
-        fhash = hashing.flow_hash(key, seed)
-        st = self._read(idx)
-        w = _find(st, key, fhash)
-        rank = WAYS - 1
-        if w is not None:
-            rank = st.rank[w]
-        else:
-            empty = [i for i in range(WAYS) if not st.backend_id[i]]
-            w = empty[0] if empty else max(range(WAYS), key=lambda i: (st.rank[i], -i))
-        st.tag[w] = fhash
-        st.backend_id[w] = backend_id
-        st.hash[w] = hash_
-        ctypes.memmove(ctypes.addressof(st.slot[w].key), key, _KEY)
-        for i in range(WAYS):
-            if st.rank[i] < rank:
-                st.rank[i] += 1
-        st.rank[w] = 0
-        st.seq = (st.seq + 2) & 0xFFFFFFFF
-        self.map.update(idx.to_bytes(4, "little"), st.pack(), BPF_F_LOCK)
-
-    def flush(self) -> int:
-        """Empty the table (each set zeroed under its lock); returns the entries it held."""
-        n = self.count()
-        self.map.update_array(bytes(self.sets_count * SET_SIZE), BPF_F_LOCK)
-        return n
-
-
-def _find(st: abi.ConnSet, key: bytes, fhash: int) -> int | None:
-    for i in range(WAYS):
-        if st.tag[i] == fhash and st.backend_id[i] and bytes(st.slot[i].key) == key:
-            return i
-    return None

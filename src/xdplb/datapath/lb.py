@@ -18,6 +18,8 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
+import numpy as np
+
 from xdplb.core import abi, limits, mapops, paths
 from xdplb.core.acl import AclKey, hits_slot, rule_value
 from xdplb.core.closing import Closing
@@ -30,7 +32,12 @@ from xdplb.core.state import (
     Vip,
     VipAddrInfo,
     VipParams,
+    filter_words,
+    member_states,
+    member_words,
+    vip_index_slots,
 )
+from xdplb.datapath import rcu
 from xdplb.datapath.conns import ConnTable, check_mask
 from xdplb.datapath.links import Link, XdpMode, attach_xdp
 from xdplb.datapath.maps import BPF_F_INNER_MAP, Map, MapType
@@ -53,6 +60,11 @@ MAP_NAMES = (
     "lb_acl6",
     "lb_acl_hits",
     "lb_rate",
+    "lb_members",
+    "lb_vip_filter",
+    "lb_vip_index",
+    "lb_vip_sel",
+    "lb_sess_export",
 )
 _U32 = struct.Struct("<I")
 #: The outer map of each table kind (docs/datapath.md): vip ids are unique across both.
@@ -124,6 +136,7 @@ class LbMaps(Closing):
         #: Inner table map id -> its contents, for the tables this process wrote or
         #: has read: a snapshot then reads only the outer maps.
         self._tables: dict[int, LookupTable] = {}
+        self._conns: ConnTable | None = None
 
     @classmethod
     def from_pins(cls, pin_root: Path) -> LbMaps:
@@ -138,10 +151,15 @@ class LbMaps(Closing):
 
     @property
     def conns(self) -> ConnTable:
-        """The connection table (``lb_conns``, set-associative)."""
-        return ConnTable(self["lb_conns"])
+        """The session table (``lb_conns``), mapped into this process once."""
+        if self._conns is None:
+            self._conns = ConnTable(self["lb_conns"])
+        return self._conns
 
     def close(self) -> None:
+        if self._conns is not None:
+            self._conns.close()
+            self._conns = None
         for m in self.maps.values():
             m.close()
 
@@ -181,6 +199,18 @@ class LbMaps(Closing):
         raw_cfg = self["lb_config"].lookup(_u32(0))
         if raw_cfg is not None:
             snap.config = LbConfig.from_abi(abi.Config.from_buffer_copy(raw_cfg))
+        for k, v in list(self["lb_members"].items()):
+            vip_id = _U32.unpack(k)[0]
+            try:
+                with Map.from_id(_U32.unpack(v)[0]) as inner:
+                    snap.members[vip_id] = member_states(inner.lookup_array())
+            except BpfError as e:
+                if e.errno != errno.ENOENT:  # replaced under us: the next snapshot has it
+                    raise
+        words = np.frombuffer(self["lb_vip_filter"].lookup_array(), dtype="<u8")
+        snap.vip_filter = frozenset(
+            w * 64 + b for w in np.nonzero(words)[0] for b in range(64) if int(words[w]) >> b & 1
+        )
         return snap
 
     def table(self, vip_id: int) -> LookupTable | None:
@@ -226,7 +256,8 @@ class LbMaps(Closing):
             return sum(struct.unpack("<Q", raw)[0] for raw in m.lookup_percpu(_u32(idx)))
 
         snap = snap or self.snapshot()
-        conns = self.conns.count() if exact_conns else self.conns.estimate_count()
+        live = {"gen": snap.config.conn_gen, "timeouts": snap.config.conn_timeouts}
+        conns = self.conns.count(**live) if exact_conns else self.conns.estimate_count(**live)
         return Counters(
             drops={r: u64(self["lb_drops"], r) for r in abi.DropReason},
             events={e: u64(self["lb_events"], e) for e in abi.Event},
@@ -265,9 +296,42 @@ class LbMaps(Closing):
     # -- writing -------------------------------------------------------------------------
 
     def apply(self, ops: Iterable[mapops.Op]) -> None:
-        """Carry out a plan, in order."""
+        """Carry out a plan, in order. ``lb_vip_index`` follows ``lb_vips``: rebuilt once
+        after each run of VIP operations, so lb_xdp sees each run whole."""
+        dirty = False
         for op in ops:
+            vip_op = isinstance(op, mapops.PutVip | mapops.DeleteVip)
+            if dirty and not vip_op:
+                self._rebuild_vip_index()
+                dirty = False
             self._apply(op)
+            dirty |= vip_op
+        if dirty:
+            self._rebuild_vip_index()
+
+    def _rebuild_vip_index(self) -> None:
+        """``lb_vip_index`` from ``lb_vips``: the table lb_xdp does not read (its last
+        reader gone: an RCU grace period), written whole, then made the live one."""
+        raw = self["lb_config"].lookup(_u32(0))
+        assert raw is not None  # an array's one entry
+        slots = abi.Config.from_buffer_copy(raw).vip_index_mask + 1
+        index = self["lb_vip_index"]
+        if 2 * slots > index.max_entries:
+            raise ValueError(f"lb_vip_index holds {index.max_entries} slots, not 2 x {slots}")
+        vips = {
+            Vip.from_abi(abi.VipKey.from_buffer_copy(k)): VipParams.from_abi(
+                abi.VipInfo.from_buffer_copy(v)
+            )
+            for k, v in self["lb_vips"].items()
+        }
+        table = vip_index_slots(vips, slots)
+        sel = self["lb_vip_sel"]
+        live = _U32.unpack(sel.lookup(_u32(0)) or _u32(0))[0] & 1
+        spare = 1 - live
+        rcu.synchronize()  # a reader of the spare table, from before the last flip, is done
+        keys = np.arange(spare * slots, (spare + 1) * slots, dtype=np.uint32)
+        index.update_batch(keys, table, slots)
+        sel.update(_u32(0), _u32(spare))
 
     def _apply(self, op: mapops.Op) -> None:
         match op:
@@ -316,6 +380,18 @@ class LbMaps(Closing):
                 self[key.map_name].update(key.abi_key().pack(), rule_value(action))
             case mapops.DeleteAcl(key):
                 self[key.map_name].delete(key.abi_key().pack())
+            case mapops.PutMembers(vip_id, states):
+                # Like a table: a new inner map, filled, swapped in with one update.
+                words = -(-self["lb_backends"].max_entries // abi.MEMBERS_PER_WORD)
+                with Map.create(
+                    MapType.ARRAY, 4, 8, words, name=f"lb_mem_{vip_id}", flags=BPF_F_INNER_MAP
+                ) as inner:
+                    inner.update_array(member_words(states, words))
+                    self["lb_members"].update(_u32(vip_id), _u32(inner.fd))
+            case mapops.DeleteMembers(vip_id):
+                self["lb_members"].delete(_u32(vip_id))
+            case mapops.SetVipFilter(bits):
+                self["lb_vip_filter"].update_array(filter_words(bits))
 
     def fill(self, snap: Snapshot, conns_used: int | None = None) -> list[MapFill]:
         """Entries / max entries of every map sized by ``limits`` that this instance has.
@@ -327,7 +403,8 @@ class LbMaps(Closing):
         batch lookup or a key walk. lb_nexthops, not pinned, is reported from the pins
         too: its size is lb_backends'."""
         conns = self.conns
-        used_conns = conns.estimate_count() if conns_used is None else conns_used
+        live = {"gen": snap.config.conn_gen, "timeouts": snap.config.conn_timeouts}
+        used_conns = conns.estimate_count(**live) if conns_used is None else conns_used
         vip_ids = {p.vip_id for p in snap.vips.values()} | set(snap.tables)
         in_map = {
             name: sum(1 for i in snap.tables if self[name].lookup(_u32(i)) is not None)
@@ -372,8 +449,15 @@ class LbMaps(Closing):
         return None
 
     def flush_conns(self) -> int:
-        """Empty the connection table (as if another LB node took over); returns entries."""
-        return self.conns.flush()
+        """Flush the session table (as if another LB node took over): a new ``conn_gen``
+        in ``lb_config``, so every session is a miss from the next packet on. Nothing is
+        written into the table itself. Returns how many sessions the old generation had
+        (live or not)."""
+        cfg = self.snapshot().config
+        n = self.conns.count(gen=cfg.conn_gen)
+        new = replace(cfg, conn_gen=(cfg.conn_gen + 1) & 0xFFFF)
+        self["lb_config"].update(_u32(0), new.abi_value().pack())
+        return n
 
 
 class LbDatapath(LbMaps):

@@ -60,7 +60,8 @@ struct xdp_md {
 };
 struct bpf_map_info {
     __u32 type; __u32 id; __u32 key_size; __u32 value_size; __u32 max_entries;
-    __u32 map_flags; char name[16]; ...;
+    __u32 map_flags; char name[16]; __u32 btf_id; __u32 btf_key_type_id;
+    __u32 btf_value_type_id; ...;
 };
 struct bpf_prog_info { __u32 type; __u32 id; char name[16]; ...; };
 struct bpf_link_info { __u32 type; __u32 id; __u32 prog_id; ...; };
@@ -112,6 +113,25 @@ int bpf_link_update(int link_fd, int new_prog_fd, const struct bpf_link_update_o
 /* Ours: route libbpf's printf-style output, already formatted, to Python. */
 extern "Python" void xdplb_libbpf_log(int level, const char *msg);
 void xdplb_install_print(void);
+
+/* libbpf btf.h: a map's or an object's type information, as raw bytes (core/btf.py). */
+struct btf;
+struct btf *btf__load_from_kernel_by_id(__u32 id);
+struct btf *btf__parse(const char *path, struct btf_ext **btf_ext);
+const void *btf__raw_data(const struct btf *btf, __u32 *size);
+void btf__free(struct btf *btf);
+struct btf_ext;
+
+/* sessions.c: lb_conns mapped into memory, with lb_xdp's claim protocol. */
+struct xdplb_session { ...; };
+struct xdplb_flow_key { ...; };
+int xdplb_sess_read(void *base, uint32_t start, uint32_t count, struct xdplb_session *out,
+                    uint32_t *pos, uint32_t cap, uint32_t tries, uint32_t *busy);
+uint32_t xdplb_sess_import(void *base, uint32_t mask, uint32_t seed, uint16_t gen, uint32_t now,
+                           const uint32_t *timeouts, const struct xdplb_session *in, uint32_t n,
+                           int replace, uint32_t tries, uint8_t *result);
+int xdplb_sess_get(void *base, uint32_t mask, uint32_t seed, const struct xdplb_flow_key *key,
+                   uint32_t tries, struct xdplb_session *out, uint32_t *pos);
 """
 
 SOURCE = r"""
@@ -156,7 +176,12 @@ void xdplb_install_print(void)
 {
     libbpf_set_print(xdplb_print);
 }
+
+#include <bpf/btf.h>
 """
+
+#: sessions.c, compiled in: the session table's user-space side (its own header says why C).
+SESSIONS_C = Path(__file__).resolve().parent / "sessions.c"
 
 
 def make_ffi() -> FFI:
@@ -164,8 +189,9 @@ def make_ffi() -> FFI:
     ffibuilder.cdef(CDEF)
     ffibuilder.set_source(
         "xdplb.datapath._libbpf_c",
-        SOURCE,
+        SOURCE + SESSIONS_C.read_text(),
         libraries=["bpf"],
+        include_dirs=[str(ROOT / "bpf" / "include"), str(ROOT / "bpf")],
         extra_compile_args=["-O2", "-Wall"],
     )
     return ffibuilder
