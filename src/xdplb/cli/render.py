@@ -207,14 +207,18 @@ def view_lines(
 
 
 def connection_lines(conns: Iterator[Connection]) -> Iterator[str]:
-    """``ipvsadm -L -n -c``'s layout, one line per entry as it is read (widths fit IPv4)."""
-    yield f"{'Pro':<4}{'FromIP:Port':<22} {'ToIP:Port':<22} {'Backend':<16} Set:Way Rank"
+    """``ipvsadm -L -n -c``'s layout, one line per session as it is read (widths fit
+    IPv4): its state and idle seconds where ipvsadm has state and expiry."""
+    yield (
+        f"{'Pro':<4}{'FromIP:Port':<22} {'ToIP:Port':<22} {'Backend':<16} "
+        f"{'State':<11} {'Idle':>7} Set:Way"
+    )
     for c in conns:
         src = f"{_host(c.client)}:{c.client_port}"
         dst = f"{_host(c.destination)}:{c.destination_port}"
         yield (
             f"{c.protocol.upper():<4}{src:<22} {dst:<22} {_opt(c.backend):<16} "
-            f"{c.set}:{c.way} {c.rank}"
+            f"{c.state:<11} {c.idle:>7.1f} {c.set}:{c.way}"
         )
 
 

@@ -24,8 +24,9 @@ from xdplb.control.status import vip_name
 from xdplb.core import abi
 from xdplb.core.addresses import IPAddress, IPNetwork
 from xdplb.core.errors import ConfigError
-from xdplb.core.state import Snapshot
-from xdplb.datapath.conns import WAYS, ConnTable
+from xdplb.core.state import DEFAULT_HZ, Snapshot
+from xdplb.datapath.clock import now_ticks
+from xdplb.datapath.conns import WAYS, ConnTable, Entry
 
 #: Sets one page scans at most, matches or not: a request stays a few milliseconds.
 PAGE_SETS = 8192
@@ -57,11 +58,17 @@ class Connection(_Out):
     backend: str | None
     """The backend's address; None: its id is not in ``lb_backends`` any more."""
     backend_id: int
+    later_hops: list[str]
+    """A Beamer flow met mid-connection: the bucket's later hops it was recorded with,
+    in order (daisy chaining). Empty for the rest."""
+    state: str
+    """``udp``, ``syn`` (only the SYN seen), ``established`` or ``closing`` (the
+    client's FIN or RST seen): it picks the session's idle timeout."""
+    idle: float
+    """Seconds since the flow's last packet (at the session clock's tick)."""
     set: int
     """Where the entry is: its set of ``lb_conns`` and its way in it."""
     way: int
-    rank: int
-    """LRU rank within the set: 0 the most recently used, 3 the next to be evicted."""
 
 
 class ConnectionPage(_Out):
@@ -164,16 +171,25 @@ def _port(net: int) -> int:
     return int.from_bytes(net.to_bytes(2, "little"), "big")
 
 
-def _connection(
-    vips: _Vips, key: abi.FlowKey, entry_set: int, way: int, bid: int, rank: int
-) -> Connection:
+_STATES = {
+    abi.SessState.UDP: "udp",
+    abi.SessState.TCP_SYN: "syn",
+    abi.SessState.TCP_EST: "established",
+    abi.SessState.TCP_FIN: "closing",
+}
+
+
+def _connection(vips: _Vips, e: Entry, now: int, hz: int) -> Connection:
+    key = _flow_key(e.key)
     vip_addr, vip_port = vips.vip_of(key)
     if vip_addr is not None:
         v4 = vip_addr.version == 4
     else:  # no VIP to tell the family: an IPv4 key has 12 zero bytes after its address
         v4 = not any(key.dst[1:]) and not any(key.src[1:])
     proto = _PROTOCOLS.get(key.proto, str(key.proto))
+    bid = e.backend_id
     backend = vips.backends.get(bid)
+    later = [vips.backends.get(h) for h in e.hops[1:]]
     return Connection(
         protocol=proto,
         client=str(_address(key.src, v4)),
@@ -183,9 +199,11 @@ def _connection(
         destination_port=_port(key.dport),
         backend=str(backend) if backend is not None else None,
         backend_id=bid,
-        set=entry_set,
-        way=way,
-        rank=rank,
+        later_hops=[str(h) for h in later if h is not None],
+        state=_STATES[e.state],
+        idle=round(e.age(now) / hz, 3),
+        set=e.set,
+        way=e.way,
     )
 
 
@@ -210,57 +228,55 @@ def page(
     limit: int = 1000,
     max_sets: int = PAGE_SETS,
 ) -> ConnectionPage:
-    """Entries matching ``query`` from entry position ``cursor`` (set x ways + way) on:
-    at most ``limit`` of them, reading at most ``max_sets`` sets (a page may then be
-    empty with a ``next``). ConfigError names a cursor or limit out of range."""
+    """Live sessions matching ``query`` from entry position ``cursor`` (set x ways +
+    way) on: at most ``limit`` of them, reading at most ``max_sets`` sets (a page may
+    then be empty with a ``next``). ConfigError names a cursor or limit out of range."""
     end = table.sets_count * WAYS
     if not 0 <= cursor <= end:
         raise ConfigError("cursor", f"must be within 0..{end}, got {cursor}")
     if not 1 <= limit <= MAX_PAGE:
         raise ConfigError("limit", f"must be within 1..{MAX_PAGE}, got {limit}")
     vips = _Vips(snap)
-    first, skip = divmod(cursor, WAYS)
+    cfg = snap.config
+    now = now_ticks()
+    first = cursor // WAYS
     stop = min(table.sets_count, first + max_sets)
     out: list[Connection] = []
-    scanned = 0
-    for start, sets in table.chunks(first, chunk=min(max_sets, 1024)):
-        if start >= stop:
+    for e in table.iter_entries(first, chunk=min(max_sets, 1024)):
+        if e.set >= stop:
             break
-        sets = sets[: stop - start]
-        scanned += len(sets)
-        for i, rec in enumerate(sets):
-            idx = start + i
-            for way in range(WAYS):
-                bid = int(rec["backend_id"][way])
-                if not bid or (idx == first and way < skip):
-                    continue
-                key = _flow_key(bytes(rec["slot"][way]))
-                c = _connection(vips, key, idx, way, bid, int(rec["rank"][way]))
-                if not matches(c, query):
-                    continue
-                out.append(c)
-                if len(out) == limit:
-                    nxt = idx * WAYS + way + 1
-                    return ConnectionPage(
-                        connections=out,
-                        next=nxt if nxt < end else None,
-                        scanned_sets=scanned,
-                        sets=table.sets_count,
-                    )
+        pos = e.set * WAYS + e.way
+        if pos < cursor or not e.live(cfg.conn_gen, cfg.conn_timeouts, now):
+            continue
+        c = _connection(vips, e, now, cfg.hz or DEFAULT_HZ)
+        if not matches(c, query):
+            continue
+        out.append(c)
+        if len(out) == limit:
+            return ConnectionPage(
+                connections=out,
+                next=pos + 1 if pos + 1 < end else None,
+                scanned_sets=e.set - first + 1,
+                sets=table.sets_count,
+            )
     return ConnectionPage(
         connections=out,
         next=stop * WAYS if stop < table.sets_count else None,
-        scanned_sets=scanned,
+        scanned_sets=stop - first,
         sets=table.sets_count,
     )
 
 
 def counts(table: ConnTable, snap: Snapshot) -> list[SessionCount]:
-    """Entries per (VIP, backend) over the whole table, read a chunk at a time (the
-    counts are all that is kept)."""
+    """Live sessions per (VIP, backend) over the whole table, read a chunk at a time
+    (the counts are all that is kept)."""
     vips = _Vips(snap)
+    cfg = snap.config
+    now = now_ticks()
     seen: Counter[tuple[str, str]] = Counter()
     for e in table.iter_entries():
+        if not e.live(cfg.conn_gen, cfg.conn_timeouts, now):
+            continue
         key = _flow_key(e.key)
         addr, port = vips.vip_of(key)
         backend = vips.backends.get(e.backend_id)

@@ -209,7 +209,10 @@ class LbMaps(Closing):
                     raise
         words = np.frombuffer(self["lb_vip_filter"].lookup_array(), dtype="<u8")
         snap.vip_filter = frozenset(
-            w * 64 + b for w in np.nonzero(words)[0] for b in range(64) if int(words[w]) >> b & 1
+            int(w) * 64 + b
+            for w in np.nonzero(words)[0]
+            for b in range(64)
+            if int(words[w]) >> b & 1
         )
         return snap
 
@@ -256,8 +259,11 @@ class LbMaps(Closing):
             return sum(struct.unpack("<Q", raw)[0] for raw in m.lookup_percpu(_u32(idx)))
 
         snap = snap or self.snapshot()
-        live = {"gen": snap.config.conn_gen, "timeouts": snap.config.conn_timeouts}
-        conns = self.conns.count(**live) if exact_conns else self.conns.estimate_count(**live)
+        gen, tmo = snap.config.conn_gen, snap.config.conn_timeouts
+        if exact_conns:
+            conns = self.conns.count(gen=gen, timeouts=tmo)
+        else:
+            conns = self.conns.estimate_count(gen=gen, timeouts=tmo)
         return Counters(
             drops={r: u64(self["lb_drops"], r) for r in abi.DropReason},
             events={e: u64(self["lb_events"], e) for e in abi.Event},
@@ -403,8 +409,11 @@ class LbMaps(Closing):
         batch lookup or a key walk. lb_nexthops, not pinned, is reported from the pins
         too: its size is lb_backends'."""
         conns = self.conns
-        live = {"gen": snap.config.conn_gen, "timeouts": snap.config.conn_timeouts}
-        used_conns = conns.estimate_count(**live) if conns_used is None else conns_used
+        if conns_used is None:
+            cfg = snap.config
+            used_conns = conns.estimate_count(gen=cfg.conn_gen, timeouts=cfg.conn_timeouts)
+        else:
+            used_conns = conns_used
         vip_ids = {p.vip_id for p in snap.vips.values()} | set(snap.tables)
         in_map = {
             name: sum(1 for i in snap.tables if self[name].lookup(_u32(i)) is not None)

@@ -46,7 +46,7 @@ def decide(state: DataplaneState, frame: bytes) -> Decision:
     flow = Flow(src, address(p.version, p.dst), p.sport, p.dport, p.proto)
     starts = p.proto != IPPROTO_TCP or p.tcp_flags & (TCP_SYN | TCP_ACK) == TCP_SYN
     # 8a. The new-flow rate limit.
-    limited = rate_limited(state, key, flow, starts)
+    limited = rate_limited(state, params, key, flow, starts)
     if limited is not None:
         return Decision(
             Outcome.DROP,
@@ -60,7 +60,7 @@ def decide(state: DataplaneState, frame: bytes) -> Decision:
     events, drop, flow_hash, bucket, hops, conn_insert = choose(state, params, key, flow, starts)
     if conn_insert is not None and state.over_budget and state.config.flood_max:
         # 9. Over the insert budget: balanced by the table, not recorded.
-        events, conn_insert = (*events[:-1], abi.Event.CONN_FLOOD, events[-1]), None
+        events, conn_insert = (*events[:-1], abi.Event.CONN_FLOOD), None
     if drop is not None:
         return table_drop(drop, events, flow, vip, params, flow_hash, bucket, acl_hits)
     assert flow_hash is not None and hops

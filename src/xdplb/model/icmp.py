@@ -12,7 +12,7 @@ from xdplb.model.decision import PASS_NOT_VIP, Decision, Outcome, dropped, table
 from xdplb.model.encap import forward
 from xdplb.model.parse import IPPROTO_TCP, IPPROTO_UDP, Parsed, address
 from xdplb.model.policy import check_acl
-from xdplb.model.select import pick
+from xdplb.model.select import pick, session
 from xdplb.model.state import DataplaneState, Flow
 
 ICMP_ECHOREPLY, ICMP_DEST_UNREACH, ICMP_ECHO, ICMP_TIME_EXCEEDED = 0, 3, 8, 11
@@ -155,12 +155,12 @@ def _decide_slow_acl(
     bucket: int | None = None
     # The flow's own packets would go: connection table (not for fragments), then
     # the VIP's table; nothing is recorded and no new flow is counted.
-    conn = state.conns.get(key) if event is abi.Event.ICMP_ERROR else None
-    if conn is not None and state.backend_usable(conn.backend_id):
-        events, flow_hash, hops = (abi.Event.CONN_HIT,), conn.hash, (conn.backend_id,)
+    conn = None
+    if event is abi.Event.ICMP_ERROR:
+        events, conn, hops = session(state, params, key, flow.proto)
+    if conn is not None:
+        flow_hash = conn.hash
     else:
-        if conn is not None:
-            events = (abi.Event.CONN_STALE,)
         drop, flow_hash, bucket, hops = pick(state, params, flow)
         if drop is not None:
             return table_drop(drop, events, flow, vip, params, flow_hash, bucket, acl_hits)

@@ -9,6 +9,7 @@ from xdplb.core.addresses import IPAddress
 from xdplb.core.state import VipParams
 from xdplb.model.decision import Decision, Outcome
 from xdplb.model.parse import IPPROTO_TCP, Parsed
+from xdplb.model.select import session
 from xdplb.model.state import DataplaneState, Flow
 
 
@@ -43,7 +44,7 @@ def check_acl(
 
 
 def rate_limited(
-    state: DataplaneState, key: bytes, flow: Flow, starts: bool
+    state: DataplaneState, params: VipParams, key: bytes, flow: Flow, starts: bool
 ) -> tuple[abi.Event, ...] | None:
     """Step 8a: None when the packet goes on, else the events counted before its drop.
     Only a packet on its way to the table as a new flow (a TCP SYN, a UDP packet
@@ -53,11 +54,9 @@ def rate_limited(
         return None
     events: tuple[abi.Event, ...] = ()
     if flow.proto != IPPROTO_TCP:
-        conn = state.conns.get(key)
+        events, conn, _ = session(state, params, key, flow.proto)
         if conn is not None:
-            if state.backend_usable(conn.backend_id):
-                return None
-            events = (abi.Event.CONN_STALE,)
+            return None
     bucket = rate_key(flow.src, cfg.rl_prefix4, cfg.rl_prefix6)
     if cfg.rl_burst == 0 or bucket in state.rate_limited:
         return events

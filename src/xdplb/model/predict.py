@@ -12,7 +12,7 @@ import numpy.typing as npt
 from xdplb.core import abi, hashing
 from xdplb.core.state import VipParams
 from xdplb.model.parse import IPPROTO_TCP
-from xdplb.model.select import choose
+from xdplb.model.select import choose, session
 from xdplb.model.state import DataplaneState, Flow
 
 U32Array = npt.NDArray[np.uint32]
@@ -161,8 +161,12 @@ def predict_many(state: DataplaneState, flows: FlowBatch | Sequence[Flow]) -> Pr
         keys[:] = batch.words()
         raw_keys = keys.tobytes()
         for row in np.flatnonzero(matched).tolist():
-            conn = state.conns.get(raw_keys[row * 40 : row * 40 + 40])
-            if conn is not None and state.backend_usable(conn.backend_id):
+            key = raw_keys[row * 40 : row * 40 + 40]
+            if key not in state.conns:
+                continue
+            params = params_of[int(vip_id[row])]
+            _, conn, _ = session(state, params, key, int(batch.proto[row]))
+            if conn is not None:
                 backend[row] = conn.backend_id
                 out_hash[row] = conn.hash
     return Predictions(backend, out_hash, vip_id)

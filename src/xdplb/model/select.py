@@ -18,6 +18,37 @@ _Choice = tuple[
 ]
 
 
+_LIVE_MEMBERS = (abi.MemberState.ACTIVE, abi.MemberState.DRAINING)
+
+
+def session(
+    state: DataplaneState, params: VipParams, key: bytes, proto: int
+) -> tuple[tuple[abi.Event, ...], ConnEntry | None, tuple[int, ...]]:
+    """Step 8: the flow's live session and its hops (the backend, then its usable later
+    hops), or None with the event that says why it is not used (none if it has none).
+    Live: this generation, not idle past its state's timeout, its slot still given to
+    the same address, and for UDP its backend ACTIVE or DRAINING in the VIP."""
+    conn = state.conns.get(key)
+    if conn is None:
+        return (), None, ()
+    cfg = state.config
+    if conn.gen != cfg.conn_gen:
+        return (abi.Event.CONN_GEN_MISS,), None, ()
+    if (
+        state.now is not None
+        and conn.last_seen is not None
+        and (state.now - conn.last_seen) & 0xFFFFFFFF > cfg.conn_timeouts[conn.state]
+    ):
+        return (abi.Event.CONN_EXPIRED,), None, ()
+    first = conn.backend_id
+    if not state.slot_holds(first, conn.be_gen) or (
+        proto != IPPROTO_TCP and state.member_state(params.vip_id, first) not in _LIVE_MEMBERS
+    ):
+        return (abi.Event.CONN_STALE,), None, ()
+    hops = (first, *(h for h in conn.later if h != 0 and _later_hop_ok(state, first, h)))
+    return (abi.Event.CONN_HIT,), conn, hops
+
+
 def choose(
     state: DataplaneState, params: VipParams, key: bytes, flow: Flow, starts: bool = True
 ) -> _Choice:
@@ -26,21 +57,41 @@ def choose(
     ``starts``: the packet may start its connection (not TCP, or a SYN without ACK).
     """
     events: tuple[abi.Event, ...] = ()
-    # 8. Connection table; a TCP SYN starts a new connection and follows the table.
-    conn = None if flow.proto == IPPROTO_TCP and starts else state.conns.get(key)
-    if conn is not None:
-        if state.backend_usable(conn.backend_id):
-            return ((abi.Event.CONN_HIT,), None, conn.hash, None, (conn.backend_id,), None)
-        events = (abi.Event.CONN_STALE,)
+    syn = flow.proto == IPPROTO_TCP and starts
+    # 8. Sessions; a TCP SYN starts a new connection and follows the table.
+    if not syn:
+        events, conn, hops = session(state, params, key, flow.proto)
+        if conn is not None:
+            return (events, None, conn.hash, None, hops, None)
     # 9. Table.
     drop, flow_hash, bucket, hops = pick(state, params, flow)
     if drop is not None:
         return (events, drop, flow_hash, bucket, (), None)
+    # A mid-connection TCP flow of a Beamer VIP may be any hop's: its session keeps
+    # them all. A SYN starts at the first hop, and host_tc takes other protocols there.
     beamer = params.table_kind == abi.TableKind.BEAMER
-    # Beamer records only connections sure to start on the first hop: a mid-flow TCP
-    # packet may be a later hop's, and a record would drop those hops from its list.
-    insert = (key, ConnEntry(hops[0], flow_hash)) if starts or not beamer else None
-    return ((*events, abi.Event.CONN_MISS), None, flow_hash, bucket, hops, insert)
+    tcp = flow.proto == IPPROTO_TCP
+    if not tcp:
+        st = abi.SessState.UDP
+    else:
+        st = abi.SessState.TCP_SYN if starts else abi.SessState.TCP_EST
+    entry = ConnEntry(
+        hops[0],
+        flow_hash,
+        later=hops[1:] if beamer and tcp and not starts else (),
+        state=st,
+        be_gen=state.backends[hops[0]].gen,
+        gen=state.config.conn_gen,
+        last_seen=state.now,
+    )
+    return (
+        (*events, abi.Event.CONN_MISS, abi.Event.CONN_INSERT),
+        None,
+        flow_hash,
+        bucket,
+        hops,
+        (key, entry),
+    )
 
 
 def pick(

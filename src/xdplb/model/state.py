@@ -97,6 +97,10 @@ class DataplaneState:
     #: Step 9: this CPU's connection-table insert budget for the window is used up
     #: (matters only while ``config.flood_max`` is not 0).
     over_budget: bool = False
+    #: ``lb_members``: vip id -> backend id -> its state in the VIP (absent: NONE).
+    members: Mapping[int, Mapping[int, abi.MemberState]] = field(default_factory=dict)
+    #: The session clock now (jiffies as a ``__u32``); None: no session is idle.
+    now: int | None = None
 
     # Indexes by raw bytes, built once: decide() runs per packet, hundreds of
     # thousands of times in the tests.  cached_property writes to __dict__, which
@@ -127,6 +131,19 @@ class DataplaneState:
             return False
         slot = self.backends.get(backend_id)
         return slot is not None and slot.active
+
+    def member_state(self, vip_id: int, backend_id: int) -> abi.MemberState:
+        """``lb_members[vip_id]``'s state of a backend (NONE if it names none)."""
+        return self.members.get(vip_id, {}).get(backend_id, abi.MemberState.NONE)
+
+    def slot_holds(self, backend_id: int, be_gen: int) -> bool:
+        """The slot a session names still holds the address it was recorded for: in
+        range, ever used, of the same gen (active or not: a TCP session outlives its
+        backend's leaving)."""
+        if backend_id == 0 or backend_id >= self.max_backends:
+            return False
+        slot = self.backends.get(backend_id)
+        return slot is not None and slot.gen == be_gen
 
     def find_vip(self, dst: IPAddress, dport: int, proto: int) -> tuple[Vip, VipParams] | None:
         """Step 6: the exact ``(dst, dport, proto)`` entry, else the port-0 wildcard."""
@@ -163,4 +180,5 @@ def state_from_snapshot(
         dict(conns or {}),
         dict(snap.vip_addrs),
         acl=dict(snap.acl),
+        members={k: dict(v) for k, v in snap.members.items()},
     )
