@@ -271,13 +271,17 @@ static __always_inline int lb_conn_lookup(const struct lb_pkt *pkt,
 	const struct xdplb_backend *be;
 	__u32 be_id;
 	__u8 st;
+	int rc;
 
 	ss->way = LB_NO_WAY;
 	ss->now = now;
 	ss->seq = ~0ULL;	/* odd: no claim until a read succeeds */
 	if (!cs)
 		return 0;
-	switch (lb_sess_find(cs, &pkt->flow, shash, cfg, now, ss)) {
+	rc = lb_sess_find(cs, &pkt->flow, shash, cfg, now, ss);
+	if (syn)
+		return 0;	/* read for step 9 only: a SYN follows the table */
+	switch (rc) {
 	case LB_SESS_HIT:
 		break;
 	case LB_SESS_GEN:
@@ -292,8 +296,6 @@ static __always_inline int lb_conn_lookup(const struct lb_pkt *pkt,
 	default:
 		return 0;
 	}
-	if (syn)
-		return 0;
 	be_id = ss->hop[0];
 	be = be_id ? bpf_map_lookup_elem(&lb_backends, &be_id) : NULL;
 	if (!be || !be->family || be->gen != ss->be_gen ||

@@ -181,3 +181,37 @@ def vip_slot_hash(addr_words: Iterable[int], port_proto_family: int) -> int:
     x = (x * 0xC2B2AE35) & _MASK
     x ^= x >> 16
     return x
+
+
+#: ``xdplb_sess_hash()``'s odd 64-bit multipliers, one per key word.
+_SESS_MUL = (
+    0x9E3779B97F4A7C15,
+    0xC2B2AE3D27D4EB4F,
+    0x165667B19E3779F9,
+    0xD6E8FEB86659FD93,
+    0xFF51AFD7ED558CCD,
+    0xC4CEB9FE1A85EC53,
+    0x87C37B91114253D5,
+    0x4CF5AD432745937F,
+    0xA0761D6478BD642F,
+    0xE7037ED1A0B428DB,
+)
+_MASK64 = (1 << 64) - 1
+
+
+def sess_hash(key: bytes, seed: int) -> int:
+    """``xdplb_sess_hash()`` of a 40-byte flow key: the session table's hash (its set is
+    this AND ``conn_mask``, its tag this)."""
+    if len(key) != FLOW_KEY_SIZE:
+        raise ValueError(f"a flow key is {FLOW_KEY_SIZE} bytes, got {len(key)}")
+    words = [int.from_bytes(key[i : i + 4], "little") for i in range(0, FLOW_KEY_SIZE, 4)]
+    s = ((words[0] + _check_seed(seed)) * _SESS_MUL[0]) & _MASK64
+    for w, m in zip(words[1:], _SESS_MUL[1:], strict=True):
+        s = (s + w * m) & _MASK64
+    h = (s >> 32) ^ (s & _MASK)
+    h ^= h >> 16
+    h = (h * 0x85EBCA6B) & _MASK
+    h ^= h >> 13
+    h = (h * 0xC2B2AE35) & _MASK
+    h ^= h >> 16
+    return h

@@ -272,6 +272,12 @@ class ConnTable(Closing):
 
     # -- writing ------------------------------------------------------------------------
 
+    def wipe(self) -> None:
+        """Zero the whole table, for tests between cases: not under the claim, so only
+        while no program runs on it. A table carrying traffic is flushed with a new
+        generation instead (:meth:`xdplb.datapath.lb.LbMaps.flush_conns`)."""
+        ctypes.memset(ctypes.addressof(ctypes.c_char.from_buffer(self._mm)), 0, len(self._mm))
+
     def import_sessions(
         self,
         sessions: Sequence[abi.Session],
@@ -329,7 +335,7 @@ class TornRead(RuntimeError):
 def set_index(key: bytes, seed: int, sets: int = SETS) -> int:
     """The set of a flow key (40 bytes) under ``hash_seed`` ``seed`` in a table of
     ``sets`` sets (a power of 2)."""
-    return hashing.flow_hash(key, seed) & (sets - 1)
+    return hashing.sess_hash(key, seed) & (sets - 1)
 
 
 def check_mask(mask: int, sets: int) -> None:
