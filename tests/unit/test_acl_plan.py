@@ -221,7 +221,7 @@ def test_model_rate_limit_and_budget() -> None:
         is None
     )  # type: ignore[arg-type]
     d = model.decide(state(over_budget=True), syn())
-    assert d.events == (abi.Event.CONN_FLOOD, abi.Event.CONN_MISS) and d.conn_insert is None
+    assert d.events == (abi.Event.CONN_MISS, abi.Event.CONN_FLOOD) and d.conn_insert is None
     nolimit = LbConfig(A("198.18.0.2"), None, flood_max=0)  # type: ignore[arg-type]
     d = model.decide(state(over_budget=True, config=nolimit), syn())
-    assert d.events == (abi.Event.CONN_MISS,) and d.conn_insert is not None
+    assert d.events == (abi.Event.CONN_MISS, abi.Event.CONN_INSERT) and d.conn_insert is not None

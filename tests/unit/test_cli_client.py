@@ -88,9 +88,11 @@ def _session(port: int, backend: str, client: str = "198.18.7.1") -> Connection:
         destination_port=80,
         backend=backend,
         backend_id=bid,
+        later_hops=[],
+        state="established",
+        idle=1.5,
         set=port,
         way=0,
-        rank=0,
     )
 
 
@@ -148,15 +150,24 @@ def test_list_connections_filters_and_pages(served: Served) -> None:
     code, out, _ = xdplb("list", "--connections")
     assert code == EXIT_OK
     lines = out.splitlines()
-    assert lines[0].split() == ["Pro", "FromIP:Port", "ToIP:Port", "Backend", "Set:Way", "Rank"]
+    assert lines[0].split() == [
+        "Pro",
+        "FromIP:Port",
+        "ToIP:Port",
+        "Backend",
+        "State",
+        "Idle",
+        "Set:Way",
+    ]
     assert len(lines) == 1 + 1501
     assert lines[1].split() == [
         "TCP",
         "198.18.7.1:40000",
         "198.18.100.1:80",
         "198.18.0.11",
+        "established",
+        "1.5",
         "40000:0",
-        "0",
     ]
     code, out, _ = xdplb("list", "--connections", "--client", "203.0.113.0/24", "--json")
     assert code == EXIT_OK

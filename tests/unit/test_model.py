@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import ipaddress
 import struct
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -353,25 +354,102 @@ def test_a_syn_follows_the_table_whatever_the_connection_table_says() -> None:
     f = flow()
     s = state(conns={f.key(): ConnEntry(5, 7)})
     d = m.decide(s, frames.frame(f))
-    assert d.events == (abi.Event.CONN_MISS,)
+    assert d.events == (abi.Event.CONN_MISS, abi.Event.CONN_INSERT)
     assert d.backend_id == table_choice(f, [1, 2, 3]) != 5
-    assert d.conn_insert == (f.key(), ConnEntry(d.backend_id, expected_hash(f)))
+    assert d.conn_insert == (
+        f.key(),
+        ConnEntry(d.backend_id, expected_hash(f), state=abi.SessState.TCP_SYN),
+    )
 
 
-@pytest.mark.parametrize("dead", [5, 0, 99, abi.MAX_BACKENDS])
-def test_conn_to_an_unusable_backend_is_stale(dead: int) -> None:
+@pytest.mark.parametrize(
+    "desc,entry",
+    [
+        ("never a slot", ConnEntry(0, 7)),
+        ("an empty slot", ConnEntry(99, 7)),
+        ("beyond the slots", ConnEntry(abi.MAX_BACKENDS, 7)),
+        ("the slot was given to another address", ConnEntry(1, 7, be_gen=1)),
+    ],
+)
+def test_conn_to_a_slot_that_is_not_its_backend_is_stale(desc: str, entry: ConnEntry) -> None:
     f = flow()
-    s = state(conns={f.key(): ConnEntry(dead, 7)})
-    d = m.decide(s, ack(f))
-    assert d.events == (abi.Event.CONN_STALE, abi.Event.CONN_MISS)
+    d = m.decide(state(conns={f.key(): entry}), ack(f))
+    assert d.events == (abi.Event.CONN_STALE, abi.Event.CONN_MISS, abi.Event.CONN_INSERT), desc
     assert d.backend_id == table_choice(f, [1, 2, 3])
-    assert d.conn_insert == (f.key(), ConnEntry(d.backend_id, expected_hash(f)))
+    assert d.conn_insert == (
+        f.key(),
+        ConnEntry(d.backend_id, expected_hash(f), state=abi.SessState.TCP_EST),
+    )
+
+
+def test_tcp_keeps_a_backend_that_left_its_vip() -> None:
+    """Established connections keep going where they started (slot 5 is inactive: its
+    address is in no table any more, but the slot still holds it)."""
+    f = flow()
+    d = m.decide(state(conns={f.key(): ConnEntry(5, 7)}), ack(f))
+    assert (d.events, d.backend_id) == ((abi.Event.CONN_HIT,), 5)
 
 
 def test_stale_then_no_table_drops_with_both_counted() -> None:
     f = flow(VIP4_NOTABLE)
-    d = m.decide(state(conns={f.key(): ConnEntry(5, 7)}), ack(f))
+    d = m.decide(state(conns={f.key(): ConnEntry(99, 7)}), ack(f))
     assert (d.drop, d.events) == (abi.DropReason.NO_TABLE, (abi.Event.CONN_STALE,))
+
+
+MS = abi.MemberState
+
+UDP_LIVENESS = [
+    # (description, the backend's state in the UDP VIP, its session used?)
+    ("ACTIVE: in the table", MS.ACTIVE, True),
+    ("DRAINING keeps its flows until they go idle", MS.DRAINING, True),
+    ("DOWN: its flows re-hash at once", MS.DOWN, False),
+    ("NONE: it left the VIP", MS.NONE, False),
+]
+
+
+@pytest.mark.parametrize("desc,member,used", UDP_LIVENESS, ids=[c[0] for c in UDP_LIVENESS])
+def test_a_udp_session_lives_while_its_backend_serves_its_vip(
+    desc: str, member: abi.MemberState, used: bool
+) -> None:
+    # VIP 2 (UDP wildcard) has table [2, 3]; the session names backend 1, which the table
+    # no longer names: whether it is used depends on lb_members alone, so on nothing any
+    # other VIP (VIP 1 has backend 1 in its table) says.
+    f = flow(dport=5000, proto=UDP)
+    members = {2: {1: member}} if member else {}
+    d = m.decide(state(conns={f.key(): ConnEntry(1, 7)}, members=members), frames.frame(f))
+    if used:
+        assert (d.events, d.backend_id) == ((abi.Event.CONN_HIT,), 1), desc
+    else:
+        assert d.events == (abi.Event.CONN_STALE, abi.Event.CONN_MISS, abi.Event.CONN_INSERT)
+        assert d.backend_id in (2, 3), desc
+
+
+def test_a_tcp_session_ignores_member_states() -> None:
+    f = flow()
+    d = m.decide(state(conns={f.key(): ConnEntry(1, 7)}, members={1: {1: MS.DOWN}}), ack(f))
+    assert (d.events, d.backend_id) == ((abi.Event.CONN_HIT,), 1)
+
+
+def test_a_session_of_another_generation_is_a_miss() -> None:
+    f = flow()
+    cfg = LbConfig(SRC4, SRC6, seed=CONFIG.seed, conn_gen=3)
+    d = m.decide(state(config=cfg, conns={f.key(): ConnEntry(5, 7, gen=2)}), ack(f))
+    assert d.events == (abi.Event.CONN_GEN_MISS, abi.Event.CONN_MISS, abi.Event.CONN_INSERT)
+    assert d.conn_insert is not None and d.conn_insert[1].gen == 3
+
+
+@pytest.mark.parametrize("st", list(abi.SessState))
+def test_a_session_expires_after_its_states_timeout(st: abi.SessState) -> None:
+    f = flow() if st is not abi.SessState.UDP else flow(dport=53, proto=UDP)
+    timeouts = (100, 200, 300, 400)
+    cfg = LbConfig(SRC4, SRC6, seed=CONFIG.seed, conn_timeouts=timeouts)
+    members = {3: {3: MS.ACTIVE}}
+    entry = ConnEntry(3, 7, state=st, last_seen=1000)
+    pkt = ack(f) if f.proto == TCP else frames.frame(f)
+    within = state(config=cfg, conns={f.key(): entry}, members=members, now=1000 + timeouts[st])
+    assert m.decide(within, pkt).events == (abi.Event.CONN_HIT,)
+    past = replace(within, now=1000 + timeouts[st] + 1)
+    assert m.decide(past, pkt).events[0] is abi.Event.CONN_EXPIRED
 
 
 def test_apply_makes_the_next_packet_a_hit() -> None:
@@ -392,8 +470,8 @@ def test_table_bucket_is_hash_mod_size(sport: int, last: int) -> None:
     d = m.decide(S, frames.frame(f))
     h = expected_hash(f)
     assert (d.flow_hash, d.bucket, d.backend_id) == (h, h % SIZE, [1, 2, 3][h % SIZE % 3])
-    assert d.events == (abi.Event.CONN_MISS,)
-    assert d.conn_insert == (f.key(), ConnEntry(h % SIZE % 3 + 1, h))
+    assert d.events == (abi.Event.CONN_MISS, abi.Event.CONN_INSERT)
+    assert d.conn_insert == (f.key(), ConnEntry(h % SIZE % 3 + 1, h, state=abi.SessState.TCP_SYN))
 
 
 def test_source_hash_ignores_ports_but_conn_key_does_not() -> None:
@@ -445,10 +523,12 @@ def test_beamer_leaves_out_an_unusable_second_hop(desc: str, second: int) -> Non
     assert (d.outcome, d.hops) == (m.Outcome.FORWARD, (1,)), desc
 
 
-def test_beamer_conn_hit_has_one_hop() -> None:
+def test_beamer_conn_hit_has_the_sessions_hops() -> None:
     f = flow(VIP4_BEAMER)
     d = m.decide(state(conns={f.key(): ConnEntry(1, 5)}), ack(f))
     assert d.hops == (1,)
+    d = m.decide(state(conns={f.key(): ConnEntry(1, 5, later=(2, 5, 3))}), ack(f))
+    assert d.hops == (1, 2, 3), "an inactive later hop (5) is left out, as from a bucket"
 
 
 def test_maglev_ignores_second_hops() -> None:
@@ -466,7 +546,19 @@ def test_beamer_writes_both_hops() -> None:
         assert d.bucket is not None and d.flow_hash is not None
         want = (1, 2) if d.bucket % 2 == 0 else (1,)
         assert d.hops == want
-        assert d.conn_insert == (f.key(), ConnEntry(1, d.flow_hash))
+        # A SYN starts at the first hop: its session keeps that hop only.
+        assert d.conn_insert == (
+            f.key(),
+            ConnEntry(1, d.flow_hash, state=abi.SessState.TCP_SYN),
+        )
+        # Met mid-connection, the flow may be any hop's: its session keeps them all.
+        mid = m.decide(S, ack(f))
+        assert mid.hops == want
+        assert mid.conn_insert == (
+            f.key(),
+            ConnEntry(1, d.flow_hash, later=want[1:], state=abi.SessState.TCP_EST),
+        )
+        assert m.decide(m.apply(S, mid), ack(f)).hops == want, "a hit carries the hops"
 
 
 @pytest.mark.parametrize(
@@ -588,7 +680,7 @@ def test_no_outer_source_drops_after_choosing(missing: str) -> None:
     d = m.decide(state(config=cfg), frames.frame(f))
     assert (d.outcome, d.drop) == (m.Outcome.DROP, abi.DropReason.NO_CONFIG)
     # Stats and the connection entry moved before the encapsulation failed (step 10).
-    assert d.events == (abi.Event.CONN_MISS,)
+    assert d.events == (abi.Event.CONN_MISS, abi.Event.CONN_INSERT)
     assert d.conn_insert is not None and d.stats_bytes == 40 + (20 if f.dst.version == 6 else 0)
     assert d.packet is None
 

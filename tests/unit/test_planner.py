@@ -9,20 +9,30 @@ from typing import Any
 import pytest
 
 from xdplb.config import Config, parse_config
-from xdplb.control.planner import BeamerMemory, apply_to_snapshot, beamer_pending, plan, vip_key
-from xdplb.core import abi
+from xdplb.control.planner import (
+    LIVE_MEMBERS,
+    BeamerMemory,
+    apply_to_snapshot,
+    beamer_pending,
+    plan,
+    vip_key,
+)
+from xdplb.core import abi, hashing
 from xdplb.core.errors import ConfigError
 from xdplb.core.mapops import (
     DeleteBackend,
+    DeleteMembers,
     DeleteTable,
     DeleteVip,
     DeleteVipAddr,
     Op,
     PutBackend,
+    PutMembers,
     PutTable,
     PutVip,
     PutVipAddr,
     SetConfig,
+    SetVipFilter,
 )
 from xdplb.core.state import Snapshot, Vip, VipAddrInfo, fragment_vip
 
@@ -57,24 +67,43 @@ def converge(cfg: Config, snap: Snapshot) -> tuple[list[Op], Snapshot]:
 
 
 def check_safe_order(snap: Snapshot, ops: list[Op]) -> None:
-    """Replay ops one by one: every VIP's table exists and names only active backends."""
+    """Replay ops one by one: every VIP's table exists and names only active backends,
+    each of them live in the VIP's member states (its UDP sessions are never judged
+    stale while the table still sends to it), and every VIP address keeps its
+    lb_vip_filter bit."""
     cur = snap
     for op in ops:
         cur = apply_to_snapshot(cur, [op])
         for key, st in cur.vips.items():
+            assert hashing.addr_filter_bit(key.addr.packed) in cur.vip_filter, (
+                f"{key}: filter bit clear after {op}"
+            )
             table = cur.tables.get(st.vip_id)
             if table is None:
                 continue
             assert len(table) == st.table_size, f"{key}: size mismatch after {op}"
+            members = cur.members.get(st.vip_id, {})
             for bid in table.counts():
                 assert cur.backends[int(bid)].active, f"{key} names inactive {bid} after {op}"
+                assert members.get(int(bid)) in LIVE_MEMBERS, (
+                    f"{key}: {bid} in the table but {members.get(int(bid))} after {op}"
+                )
 
 
 def test_first_plan_builds_everything() -> None:
     cfg = config([vip("198.18.100.1", 80, "198.18.0.11", "198.18.0.12")])
     ops, snap = converge(cfg, Snapshot())
     kinds = [type(o) for o in ops]
-    assert kinds == [SetConfig, PutBackend, PutBackend, PutTable, PutVip, PutVipAddr]
+    assert kinds == [
+        SetConfig,
+        SetVipFilter,
+        PutBackend,
+        PutBackend,
+        PutMembers,
+        PutTable,
+        PutVip,
+        PutVipAddr,
+    ]
     put = next(o for o in ops if isinstance(o, PutTable))
     assert put.kind is abi.TableKind.MAGLEV, "a Maglev table goes to lb_tables"
     assert {b.addr for b in snap.backends.values()} == {ip("198.18.0.11"), ip("198.18.0.12")}
@@ -148,8 +177,11 @@ def test_removing_everything_deletes_in_safe_order() -> None:
         DeleteVipAddr,
         DeleteTable,
         DeleteTable,
+        DeleteMembers,
+        DeleteMembers,
         DeleteBackend,
         DeleteBackend,
+        SetVipFilter,
     ]
     assert empty.vips == {} and empty.tables == {} and empty.vip_addrs == {}
     assert not any(b.active for b in empty.backends.values())
