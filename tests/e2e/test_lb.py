@@ -178,7 +178,10 @@ def conn_table(
         port = s.sock.getsockname()[1]
         flow = model.Flow(client, ipaddress.ip_address(VIP4), port, 7, TCP)
         entry = entries.get(flow.key())
-        out[port] = None if entry is None else (names.get(entry[0], f"id {entry[0]}"), entry[1])
+        if entry is None:
+            out[port] = None
+        else:
+            out[port] = (names.get(entry.backend_id, f"id {entry.backend_id}"), entry.hash)
     return out
 
 

@@ -136,6 +136,8 @@ class LbMaps(Closing):
         #: Inner table map id -> its contents, for the tables this process wrote or
         #: has read: a snapshot then reads only the outer maps.
         self._tables: dict[int, LookupTable] = {}
+        #: Likewise for lb_members' inner maps: map id -> the states written.
+        self._members: dict[int, dict[int, abi.MemberState]] = {}
         self._conns: ConnTable | None = None
 
     @classmethod
@@ -199,14 +201,24 @@ class LbMaps(Closing):
         raw_cfg = self["lb_config"].lookup(_u32(0))
         if raw_cfg is not None:
             snap.config = LbConfig.from_abi(abi.Config.from_buffer_copy(raw_cfg))
+        live_members: set[int] = set()
         for k, v in list(self["lb_members"].items()):
-            vip_id = _U32.unpack(k)[0]
-            try:
-                with Map.from_id(_U32.unpack(v)[0]) as inner:
-                    snap.members[vip_id] = member_states(inner.lookup_array())
-            except BpfError as e:
-                if e.errno != errno.ENOENT:  # replaced under us: the next snapshot has it
-                    raise
+            vip_id, map_id = _U32.unpack(k)[0], _U32.unpack(v)[0]
+            live_members.add(map_id)
+            states = self._members.get(map_id)
+            if states is None:
+                # Not written by this process: read by id (CAP_SYS_ADMIN, as for tables).
+                try:
+                    with Map.from_id(map_id) as inner:
+                        states = member_states(inner.lookup_array())
+                except BpfError as e:
+                    if e.errno != errno.ENOENT:  # replaced under us: the next one has it
+                        raise
+                    continue
+                self._members[map_id] = states
+            snap.members[vip_id] = dict(states)
+        for map_id in self._members.keys() - live_members:
+            del self._members[map_id]
         words = np.frombuffer(self["lb_vip_filter"].lookup_array(), dtype="<u8")
         snap.vip_filter = frozenset(
             int(w) * 64 + b
@@ -394,6 +406,7 @@ class LbMaps(Closing):
                 ) as inner:
                     inner.update_array(member_words(states, words))
                     self["lb_members"].update(_u32(vip_id), _u32(inner.fd))
+                    self._members[inner.id] = dict(states)
             case mapops.DeleteMembers(vip_id):
                 self["lb_members"].delete(_u32(vip_id))
             case mapops.SetVipFilter(bits):
