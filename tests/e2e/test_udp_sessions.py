@@ -75,7 +75,7 @@ class Flow:
     """One client UDP flow to the VIP: a connected socket that keeps its 5-tuple."""
 
     def __init__(self, lab: Lab) -> None:
-        self.sock = open_socket("client", VIP, socket.SOCK_DGRAM, None)
+        self.sock = open_socket(lab.ns("client"), VIP, socket.SOCK_DGRAM, None)
         self.sock.connect((VIP, PORT))
         self.sock.settimeout(0.3)
         self.n = 0
@@ -122,7 +122,7 @@ def wait_for_share(node: LbNode, lab: Lab, name: str, present: bool) -> None:
         ids = {i for i, b in snap.backends.items() if str(b.addr) == addr}
         return table is not None and bool(ids & set(table.counts())) == present
 
-    wait_for(share, WAIT, f"{name} {'in' if present else 'out of'} {VIP}'s table")
+    wait_for(share, f"{name} {'in' if present else 'out of'} {VIP}'s table", timeout=WAIT)
 
 
 def test_a_dead_backends_udp_flows_move_at_once(
@@ -145,7 +145,7 @@ def test_a_dead_backends_udp_flows_move_at_once(
         now = backends_of(flows)
         return now if None not in now else None
 
-    after = wait_for(moved, UDP_TIMEOUT, "every flow answered after its backend died")
+    after = wait_for(moved, "every flow answered after its backend died", timeout=UDP_TIMEOUT)
     took = time.monotonic() - t0
     for i, (b0, b1) in enumerate(zip(before, after, strict=True)):
         if b0 == victim:
