@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import datetime
+import ipaddress
 import json
 import os
 import signal
@@ -34,6 +35,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+import numpy as np
 from rich.console import Console
 from rich.table import Table
 
@@ -44,6 +46,7 @@ from xdplb.config import parse_config
 from xdplb.control.planner import apply_to_snapshot, plan
 from xdplb.core import abi
 from xdplb.core.mapops import PutTable
+from xdplb.datapath import clock, conns
 from xdplb.datapath.lb import LbDatapath, destroy
 from xdplb.tables import maglev
 
@@ -56,6 +59,10 @@ LB_CASES = [
     "ipv6_non_vip",
     "ipv6_known_flow",
     "ipv6_new_flow",
+    # A new flow into a table with room (no session evicted), and past the insert budget
+    # (balanced, not recorded: what a new-connection flood costs).
+    "ipv4_new_flow_empty",
+    "ipv4_new_flow_flood",
 ]
 #: The same paths with `xdplb capture` sampling 1 in 1,000 (docs/benchmarks.md).
 CAPTURE_CASES = [
@@ -114,6 +121,45 @@ def run_datapath(
 
 
 # --- control plane ----------------------------------------------------------------------
+
+#: Sessions one import (or read) run moves: what session sync will do in a batch.
+SESSION_BATCH = 100_000
+
+
+def run_sessions(lb: LbDatapath, runs: int) -> dict[str, list[float]]:
+    """ns per session of an import of SESSION_BATCH sessions into a flushed table (as a
+    peer's sync would write them) and of reading the whole table back (a full sync's
+    export), each session under the claim protocol (datapath/sessions.c)."""
+    cfg = lb.snapshot().config
+    bids = np.array([i for i, b in lb.snapshot().backends.items() if b.active] or [1])
+    now = clock.now_ticks()
+    i = np.arange(SESSION_BATCH, dtype=np.uint32)
+    keys = np.zeros((SESSION_BATCH, 10), dtype=np.uint32)
+    keys[:, 0] = (0xCB000000 + i).byteswap()  # 203.0.0.0 + i, network order
+    keys[:, 4] = np.frombuffer(ipaddress.ip_address("198.18.200.1").packed, dtype="<u4")[0]
+    ports = (1024 + i % 60000).astype(np.uint16).byteswap().astype(np.uint32)
+    keys[:, 8] = ports | (np.uint32(80 << 8) << 16)  # dport 80 in network order
+    keys[:, 9] = abi.IPPROTO_TCP
+    batch = conns.records(
+        keys, bids[i % len(bids)].astype(np.uint16), i, abi.SessState.TCP_EST, now
+    )
+    imports, reads = [], []
+    for _ in range(runs):
+        lb.bump_generation()
+        gen = (cfg.conn_gen + 1) & 0xFFFF
+        cfg = lb.snapshot().config
+        t0 = time.perf_counter()
+        res = lb.conns.import_records(
+            batch, seed=cfg.seed, gen=gen, timeouts=cfg.conn_timeouts, now=now
+        )
+        imports.append((time.perf_counter() - t0) * 1e9 / SESSION_BATCH)
+        written = int(np.count_nonzero(res <= conns.ImportResult.EVICTED))
+        if written < SESSION_BATCH * 9 // 10:
+            raise RuntimeError(f"only {written} of {SESSION_BATCH} sessions imported")
+        t0 = time.perf_counter()
+        n = sum(len(recs) for recs, _ in lb.conns.chunks())
+        reads.append((time.perf_counter() - t0) * 1e9 / max(n, 1))
+    return {"session_import_ns_per_entry": imports, "session_read_ns_per_entry": reads}
 
 
 def _cp_config(instance: str, n: int, first_weight: int) -> dict[str, Any]:
@@ -174,6 +220,7 @@ def run_control(runs: int) -> dict[str, list[float]]:
             live = lb.table(vip_id)
             if live != buckets:
                 raise RuntimeError("the pushed table is not the one lb_tables holds")
+            out.update(run_sessions(lb, runs))
         finally:
             lb.close()
     finally:

@@ -27,6 +27,7 @@ import os
 import socket
 import struct
 import subprocess
+import time
 from collections.abc import Iterator
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, field
@@ -178,6 +179,12 @@ class Case:
     prime: bool = False
     #: Capture on (every point, 1 in CAPTURE_SAMPLE, no rate cap) while measuring.
     capture: bool = False
+    #: New flows into a table with room: flushed (a new generation) before every chunk,
+    #: so each insert takes a free way instead of evicting a live session.
+    empty: bool = False
+    #: New flows over the insert budget: balanced by the table, not recorded (the flood
+    #: path); the CPU's budget is made spent before every chunk.
+    flood: bool = False
 
     @property
     def is_vip(self) -> bool:
@@ -201,6 +208,8 @@ def make_cases(lb_mac: bytes) -> list[Case]:
         Case("ipv6_non_vip", "lb", v6_other, XDP_PASS, ev.PASS_NOT_VIP),
         Case("ipv6_known_flow", "lb", v6, XDP_TX, ev.CONN_HIT, prime=True),
         Case("ipv6_new_flow", "lb", v6, XDP_TX, ev.CONN_MISS, new_flows=True),
+        Case("ipv4_new_flow_empty", "lb", v4, XDP_TX, ev.CONN_MISS, new_flows=True, empty=True),
+        Case("ipv4_new_flow_flood", "lb", v4, XDP_TX, ev.CONN_MISS, new_flows=True, flood=True),
         Case("ipv4_known_flow_capture", "lb", v4, XDP_TX, ev.CONN_HIT, prime=True, capture=True),
         Case("ipv4_new_flow_capture", "lb", v4, XDP_TX, ev.CONN_MISS, new_flows=True, capture=True),
         Case("ipv6_known_flow_capture", "lb", v6, XDP_TX, ev.CONN_HIT, prime=True, capture=True),
@@ -240,6 +249,8 @@ NEW_FLOW_CHUNK = 10_000
 RECORDED_CHECK = 1024
 _U32 = struct.Struct("<I")
 _U64 = struct.Struct("<Q")
+#: <linux/time.h>: Python's time module does not name it.
+CLOCK_MONOTONIC_COARSE = 6
 
 
 class InvalidCase(Exception):
@@ -453,7 +464,12 @@ class Harness:
             zeros = bytes(flood.value_stride)
             while left:
                 n = min(left, NEW_FLOW_CHUNK)
-                flood.update(_ZERO, zeros)  # a fresh window: every flow of the chunk recorded
+                if case.flood:
+                    flood.update(_ZERO, self._spent_budget(flood.value_stride))
+                else:
+                    flood.update(_ZERO, zeros)  # a fresh window: every flow recorded
+                if case.empty:
+                    self.lb.bump_generation()  # every way free again
                 res = self.wrap.test_run(case.packet, repeat=n, ingress_ifindex=self.ifindex)
                 total_ns += float(res.duration_ns) * n
                 left -= n
@@ -484,17 +500,21 @@ class Harness:
             want = {case.event.name: iterations} if case.event is not None else {}
             if case.is_vip:
                 want[abi.Event.TX.name] = iterations
-            if case.new_flows:
-                # Every new flow recorded; a full table evicts (or reclaims) a way for it.
+            if case.flood:
+                # Over the budget: balanced, not recorded (one CPU, one window a chunk).
+                want[abi.Event.CONN_FLOOD.name] = iterations
+            elif case.new_flows:
+                # Every new flow recorded; a full table evicts (or reclaims) a way for it,
+                # a flushed one never has to.
                 want[abi.Event.CONN_INSERT.name] = iterations
             evicting = {abi.Event.CONN_EVICT.name, abi.Event.CONN_EXPIRED.name}
             for k, d in deltas.items():
-                if case.new_flows and k in evicting:
+                if case.new_flows and not case.empty and k in evicting:
                     continue
                 if d != want.get(k, 0):
                     problems.append(f"{k} moved by {d}, want {want.get(k, 0)}")
 
-        if case.new_flows:
+        if case.new_flows and not case.flood:
             # Every new flow was recorded (the insert, with its eviction, is part of the
             # path measured).
             conns = self.lb.conns
@@ -522,6 +542,15 @@ class Harness:
             counter_deltas={k: d for k, d in deltas.items() if d},
             problems=problems,
         )
+
+    def _spent_budget(self, stride: int) -> bytes:
+        """lb_flood's value for a window that began now and has used its budget up: every
+        new flow of the next ~100 ms goes past it (struct lb_flood {start, count},
+        bpf/lib/lb_select.h; start is bpf_ktime_get_coarse_ns, CLOCK_MONOTONIC_COARSE)."""
+        cfg = self.lb.snapshot().config
+        start = time.clock_gettime_ns(CLOCK_MONOTONIC_COARSE)
+        one = struct.pack("<QQ", start, cfg.flood_max + 1)
+        return one * (stride // len(one))  # every CPU's window (a per-CPU map)
 
     def measure_direct(self, name: str, iterations: int) -> float:
         """ns/packet of the case's program run directly (no wrapper), for context.

@@ -292,13 +292,33 @@ class ConnTable(Closing):
         ``gen`` (``lb_config``'s ``hash_seed``, ``conn_gen`` and ``conn_timeout`` say
         where and what is live). ``replace``: a flow's live session is overwritten, else
         kept (PRESENT). Each keeps its ``last_seen``; it is marked SESS_F_IMPORTED."""
-        n = len(sessions)
+        buf = b"".join(bytes(s) for s in sessions)
+        records = np.frombuffer(buf, dtype=SESSION_DTYPE)
+        out = self.import_records(
+            records, seed=seed, gen=gen, timeouts=timeouts, now=now, replace=replace
+        )
+        return [ImportResult(int(r)) for r in out]
+
+    def import_records(
+        self,
+        records: npt.NDArray[np.void],
+        *,
+        seed: int,
+        gen: int,
+        timeouts: Sequence[int],
+        now: int | None = None,
+        replace: bool = False,
+    ) -> npt.NDArray[np.uint8]:
+        """:meth:`import_sessions` of records of :data:`SESSION_DTYPE` (as :meth:`read`
+        returns them, or as :func:`records` builds them), without a Python object per
+        session; returns each one's :class:`ImportResult` value."""
+        if records.dtype.itemsize != SESSION_SIZE:
+            raise ValueError(f"records of {records.dtype.itemsize} bytes, not {SESSION_SIZE}")
+        records = np.ascontiguousarray(records)
+        n = len(records)
+        result = np.zeros(n, dtype=np.uint8)
         if n == 0:
-            return []
-        buf = bytearray(n * SESSION_SIZE)
-        for i, s in enumerate(sessions):
-            buf[i * SESSION_SIZE : (i + 1) * SESSION_SIZE] = bytes(s)
-        result = bytearray(n)
+            return result
         tmo = ffi.new("uint32_t[]", [int(t) for t in timeouts])
         lib.xdplb_sess_import(
             self._base,
@@ -307,13 +327,36 @@ class ConnTable(Closing):
             gen,
             now_ticks() if now is None else now,
             tmo,
-            ffi.cast("struct xdplb_session *", ffi.from_buffer(buf)),
+            ffi.cast("struct xdplb_session *", ffi.from_buffer(records)),
             n,
             int(replace),
             _TRIES,
             ffi.cast("uint8_t *", ffi.from_buffer(result)),
         )
-        return [ImportResult(r) for r in result]
+        return result
+
+
+def records(
+    keys: npt.NDArray[np.uint32],
+    backend: npt.NDArray[np.uint16],
+    hashes: npt.NDArray[np.uint32],
+    state: abi.SessState,
+    last_seen: int,
+) -> npt.NDArray[np.void]:
+    """Sessions as records of :data:`SESSION_DTYPE`, many at once: ``keys`` an ``(n, 10)``
+    array of flow-key words (``struct xdplb_flow_key``), one backend id and hash each."""
+    n = len(keys)
+    out = np.zeros(n, dtype=SESSION_DTYPE)
+    out["src"] = keys[:, 0:4]
+    out["dst"] = keys[:, 4:8]
+    out["sport"] = keys[:, 8] & 0xFFFF
+    out["dport"] = keys[:, 8] >> 16
+    out["proto"] = keys[:, 9] & 0xFF
+    out["hop"][:, 0] = backend
+    out["hash"] = hashes
+    out["state"] = state
+    out["last_seen"] = last_seen
+    return out
 
 
 def _live(

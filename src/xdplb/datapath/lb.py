@@ -475,11 +475,19 @@ class LbMaps(Closing):
         in ``lb_config``, so every session is a miss from the next packet on. Nothing is
         written into the table itself. Returns how many sessions the old generation had
         (live or not)."""
-        cfg = self.snapshot().config
-        n = self.conns.count(gen=cfg.conn_gen)
-        new = replace(cfg, conn_gen=(cfg.conn_gen + 1) & 0xFFFF)
-        self["lb_config"].update(_u32(0), new.abi_value().pack())
+        raw = self["lb_config"].lookup(_u32(0))
+        assert raw is not None  # an array's one entry
+        n = self.conns.count(gen=abi.Config.from_buffer_copy(raw).conn_gen)
+        self.bump_generation()
         return n
+
+    def bump_generation(self) -> None:
+        """``lb_config.conn_gen`` + 1, every other field as it is: the flush itself."""
+        raw = self["lb_config"].lookup(_u32(0))
+        assert raw is not None
+        cfg = abi.Config.from_buffer_copy(raw)
+        cfg.conn_gen = (cfg.conn_gen + 1) & 0xFFFF
+        self["lb_config"].update(_u32(0), cfg.pack())
 
 
 class LbDatapath(LbMaps):

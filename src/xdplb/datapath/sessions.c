@@ -130,6 +130,35 @@ static int way_live(const struct xdplb_conn_set *c, uint32_t w, uint16_t gen, ui
 	       now - c->meta.last_seen[w] <= timeouts[c->meta.state[w] & (XDPLB_SESS__MAX - 1)];
 }
 
+/*
+ * A validated copy of set s's metadata line and of the ways whose tag is tag (the only
+ * ways that can hold that flow): one or two lines read, not five.  0, or -1 if a writer
+ * held the set or changed it.
+ */
+static int set_copy_tagged(struct xdplb_conn_set *s, uint32_t tag, struct xdplb_conn_set *out)
+{
+	uint64_t *src = (uint64_t *)&s->meta, *dst = (uint64_t *)&out->meta, seq, seq2;
+	size_t i, w;
+
+	seq = __atomic_load_n(&s->meta.seq, __ATOMIC_ACQUIRE);
+	if (seq & 1)
+		return -1;
+	dst[0] = seq;
+	for (i = 1; i < sizeof(out->meta) / 8; i++)
+		dst[i] = __atomic_load_n(&src[i], __ATOMIC_RELAXED);
+	for (w = 0; w < SESS_WAYS; w++) {
+		uint64_t *es = (uint64_t *)&s->way[w], *ed = (uint64_t *)&out->way[w];
+
+		if (!(out->meta.flags[w] & XDPLB_SESS_F_USED) || out->meta.tag[w] != tag)
+			continue;
+		for (i = 0; i < sizeof(out->way[w]) / 8; i++)
+			ed[i] = __atomic_load_n(&es[i], __ATOMIC_RELAXED);
+	}
+	__atomic_thread_fence(__ATOMIC_ACQUIRE);
+	seq2 = __atomic_load_n(&s->meta.seq, __ATOMIC_RELAXED);
+	return seq2 == seq ? 0 : -1;
+}
+
 /* Write one session into its set (the lookup's choice of way, as lb_xdp makes it). */
 static int sess_put(struct xdplb_conn_set *s, const struct xdplb_session *in, uint32_t tag,
 		    uint16_t gen, uint32_t now, const uint32_t *timeouts, int replace)
@@ -139,7 +168,7 @@ static int sess_put(struct xdplb_conn_set *s, const struct xdplb_session *in, ui
 	uint64_t seq, *dst, *src;
 	size_t i;
 
-	if (set_copy(s, &c))
+	if (set_copy_tagged(s, tag, &c))
 		return XDPLB_IMPORT_BUSY;
 	for (w = 0; w < SESS_WAYS; w++) {
 		if (!(c.meta.flags[w] & XDPLB_SESS_F_USED)) {
@@ -147,7 +176,7 @@ static int sess_put(struct xdplb_conn_set *s, const struct xdplb_session *in, ui
 				free_way = w;
 			continue;
 		}
-		if (same == SESS_WAYS && key_equal(&c.way[w], &in->entry)) {
+		if (same == SESS_WAYS && c.meta.tag[w] == tag && key_equal(&c.way[w], &in->entry)) {
 			same = w;
 			continue;
 		}
@@ -190,6 +219,18 @@ static int sess_put(struct xdplb_conn_set *s, const struct xdplb_session *in, ui
 	return w == free_way ? XDPLB_IMPORT_WRITTEN : XDPLB_IMPORT_EVICTED;
 }
 
+#define IMPORT_AHEAD 16
+
+/* Every line of a set, for writing: its metadata and whichever way the import takes. */
+static void prefetch_set(struct xdplb_conn_set *s)
+{
+	size_t w;
+
+	__builtin_prefetch(&s->meta, 1);
+	for (w = 0; w < SESS_WAYS; w++)
+		__builtin_prefetch(&s->way[w], 1);
+}
+
 /*
  * Import n sessions: each goes to set xdplb_sess_hash(key, seed) & mask, under this
  * table's generation gen; its last_seen is kept as given (ticks of this host's
@@ -202,12 +243,22 @@ uint32_t xdplb_sess_import(void *base, uint32_t mask, uint32_t seed, uint16_t ge
 			   int replace, uint32_t tries, uint8_t *result)
 {
 	struct xdplb_conn_set *sets = base;
-	uint32_t i, t, written = 0;
+	uint32_t i, t, written = 0, tags[IMPORT_AHEAD];
 
+	/* The sets are random lines of a large table: ask for them IMPORT_AHEAD sessions
+	 * early (for writing), so that their misses overlap instead of following each other. */
+	for (i = 0; i < n && i < IMPORT_AHEAD; i++) {
+		tags[i] = entry_hash(&in[i].entry, seed);
+		prefetch_set(&sets[tags[i] & mask]);
+	}
 	for (i = 0; i < n; i++) {
-		uint32_t tag = entry_hash(&in[i].entry, seed);
+		uint32_t tag = tags[i % IMPORT_AHEAD];
 		int rc = XDPLB_IMPORT_BUSY;
 
+		if (i + IMPORT_AHEAD < n) {
+			tags[i % IMPORT_AHEAD] = entry_hash(&in[i + IMPORT_AHEAD].entry, seed);
+			prefetch_set(&sets[tags[i % IMPORT_AHEAD] & mask]);
+		}
 		for (t = 0; t < tries && rc == XDPLB_IMPORT_BUSY; t++)
 			rc = sess_put(&sets[tag & mask], &in[i], tag, gen, now, timeouts, replace);
 		result[i] = rc;
