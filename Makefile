@@ -45,14 +45,14 @@ build/test/%.bpf.o: tests/bpf/progs/%.bpf.c $(BPF_HDRS)
 	@mkdir -p build/test
 	$(CLANG) $(BPF_CFLAGS) -c $< -o $@
 
-# The test builds of lb_xdp compile its source whole (tests/bpf/test_concurrency.py).
-build/test/lb_xdp_check.bpf.o build/test/lb_xdp_noclaim.bpf.o build/test/lb_xdp_novalidate.bpf.o: \
-		bpf/lb_xdp.bpf.c tests/bpf/progs/lb_xdp_check.bpf.c
-
 build/.cffi: $(CFFI_MODS) bpf/lib/hash.h bpf/include/xdplb_abi.h src/xdplb/datapath/sessions.c $(VENV)/.installed
 	@mkdir -p build
 	for m in $(CFFI_MODS); do $(PY) $$m || exit 1; done
 	@touch $@
+
+# The test builds of lb_xdp compile its source whole (tests/bpf/test_concurrency.py).
+build/test/lb_xdp_check.bpf.o build/test/lb_xdp_noclaim.bpf.o build/test/lb_xdp_novalidate.bpf.o: \
+		bpf/lb_xdp.bpf.c tests/bpf/progs/lb_xdp_check.bpf.c
 
 # Lint first: a suite that passes on code that does not type-check is not green.
 test: build lint
