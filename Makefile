@@ -50,6 +50,10 @@ build/.cffi: $(CFFI_MODS) bpf/lib/hash.h bpf/include/xdplb_abi.h src/xdplb/datap
 	for m in $(CFFI_MODS); do $(PY) $$m || exit 1; done
 	@touch $@
 
+# The test builds of lb_xdp compile its source whole (tests/bpf/test_concurrency.py).
+build/test/lb_xdp_check.bpf.o build/test/lb_xdp_noclaim.bpf.o build/test/lb_xdp_novalidate.bpf.o: \
+		bpf/lb_xdp.bpf.c tests/bpf/progs/lb_xdp_check.bpf.c
+
 # Lint first: a suite that passes on code that does not type-check is not green.
 test: build lint
 	$(PYTEST) tests

@@ -187,8 +187,10 @@ static __always_inline int lb_sess_read(struct xdplb_conn_set *s, const struct x
 	}
 	/* ... and the second read of seq depends on every one of them. */
 	seq2 = LB_READ_ONCE(*(__u64 *)((void *)&s->meta.seq + lb_dep(acc)));
+#ifndef XDPLB_TEST_NO_VALIDATE	/* broken on purpose: tests/bpf/test_concurrency.py */
 	if (seq2 != seq)
 		return LB_SESS_BUSY;
+#endif
 	out->seq = seq;
 	out->way = found;
 	if (found == LB_NO_WAY)
@@ -265,6 +267,7 @@ static __always_inline void lb_sess_touch(struct xdplb_conn_set *s, const struct
 		LB_WRITE_ONCE(s->meta.last_seen[ss->way & (LB_WAYS - 1)], now);
 }
 
+#ifndef XDPLB_TEST_NO_CLAIM	/* broken on purpose: tests/bpf/test_concurrency.py */
 /* Claim the set as the lookup saw it; 0 if a writer has been there since. */
 static __always_inline int lb_sess_claim(struct xdplb_conn_set *s, __u64 seq)
 {
@@ -275,6 +278,17 @@ static __always_inline void lb_sess_release(struct xdplb_conn_set *s)
 {
 	__sync_fetch_and_add(&s->meta.seq, 1);
 }
+#else
+/* Test builds only (tests/bpf/progs/lb_xdp_noclaim.bpf.c): writers take nothing. */
+static __always_inline int lb_sess_claim(struct xdplb_conn_set *s, __u64 seq)
+{
+	return 1;
+}
+
+static __always_inline void lb_sess_release(struct xdplb_conn_set *s)
+{
+}
+#endif
 
 /* Publish way w of set s to the export ring (XDPLB_CFG_F_EXPORT); no room is counted. */
 static __noinline void lb_sess_publish(struct xdplb_conn_set *s, __u32 set, __u32 w, __u32 type)

@@ -192,7 +192,9 @@ def make_ffi() -> FFI:
         SOURCE + SESSIONS_C.read_text(),
         libraries=["bpf"],
         include_dirs=[str(ROOT / "bpf" / "include"), str(ROOT / "bpf")],
-        extra_compile_args=["-O2", "-Wall"],
+        # sessions.c reads structs as words (the hashes take __u32 *), as the kernel does:
+        # with strict aliasing, gcc -O2 hashed an import's key before its ports were stored.
+        extra_compile_args=["-O2", "-Wall", "-fno-strict-aliasing"],
     )
     return ffibuilder
 
