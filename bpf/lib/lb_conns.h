@@ -136,11 +136,22 @@ static __always_inline __u32 lb_key_diff(const struct xdplb_conn_entry *e,
 
 _Static_assert(XDPLB_SESS__MAX == 4, "conn_timeout is indexed by state & 3");
 
-/* Idle past its state's timeout at tick now? (u32 ticks wrap: the difference does not.) */
+/*
+ * Ticks since last_seen at tick now: a signed difference, so that ticks wrap harmlessly
+ * and a session stamped a tick ahead (by another CPU, or an import) counts as just seen.
+ */
+static __always_inline __u32 lb_sess_age(__u32 last_seen, __u32 now)
+{
+	__s32 age = now - last_seen;
+
+	return age < 0 ? 0 : age;
+}
+
+/* Idle past its state's timeout at tick now? (Timeouts are below 2^31 ticks.) */
 static __always_inline int lb_sess_expired(const struct xdplb_config *cfg, __u32 last_seen,
 					   __u32 state, __u32 now)
 {
-	return now - last_seen > cfg->conn_timeout[state & (XDPLB_SESS__MAX - 1)];
+	return lb_sess_age(last_seen, now) > cfg->conn_timeout[state & (XDPLB_SESS__MAX - 1)];
 }
 
 /*
@@ -249,7 +260,7 @@ static __always_inline void lb_sess_choose(struct xdplb_conn_set *s,
 			out->ins_expired = 1;
 			break;
 		}
-		age = now - m->last_seen[w];
+		age = lb_sess_age(m->last_seen[w], now);
 		if (old == LB_NO_WAY || age > old_age) {
 			old = w;
 			old_age = age;

@@ -208,6 +208,13 @@ class LookupTable:
 DEFAULT_TIMEOUTS = (300.0, 60.0, 900.0, 120.0)
 
 
+def session_age(last_seen: int, now: int) -> int:
+    """Ticks since ``last_seen`` at ``now`` (both ``__u32`` jiffies): a signed difference,
+    so that ticks wrap and a stamp ahead of ``now`` (another CPU's, an import's) counts
+    as just seen, as lb_sess_age() in bpf/lib/lb_conns.h."""
+    return max(0, ((now - last_seen + 0x80000000) & 0xFFFFFFFF) - 0x80000000)
+
+
 #: The kernel's HZ where none was measured (the session clock ticks in jiffies): Debian's.
 DEFAULT_HZ = 250
 

@@ -27,6 +27,7 @@ import numpy.typing as npt
 
 from xdplb.core import abi, hashing
 from xdplb.core.closing import Closing
+from xdplb.core.state import session_age
 from xdplb.datapath._ffi import ffi, lib
 from xdplb.datapath.clock import now_ticks
 from xdplb.datapath.maps import Map
@@ -101,8 +102,9 @@ class Entry:
         return self.hops[0] if self.hops else 0
 
     def age(self, now: int) -> int:
-        """Ticks since its last packet."""
-        return (now - self.last_seen) & 0xFFFFFFFF
+        """Ticks since its last packet: a signed difference of ``__u32`` ticks, a stamp
+        ahead of ``now`` counting as just seen (as lb_sess_age())."""
+        return session_age(self.last_seen, now)
 
     def live(self, gen: int, timeouts: Sequence[int], now: int) -> bool:
         """Of generation ``gen`` and within its state's timeout (``conn_timeout``, ticks)
@@ -366,7 +368,8 @@ def _live(
     if gen is not None:
         keep &= recs["gen"] == gen
     if timeouts is not None:
-        age = (np.uint32(now) - recs["last_seen"]).astype(np.uint32)
+        age = (np.uint32(now) - recs["last_seen"]).astype(np.uint32).view(np.int32)
+        age = np.maximum(age, 0).astype(np.uint32)
         keep &= age <= np.asarray(timeouts, dtype=np.uint32)[recs["state"] & 3]
     return int(np.count_nonzero(keep))
 

@@ -123,11 +123,20 @@ enum {
 	XDPLB_IMPORT_BUSY = 4,		/* the set stayed held by other writers */
 };
 
+/* Ticks since last_seen, as lb_sess_age(): signed, a stamp ahead of now is just seen. */
+static uint32_t sess_age(uint32_t last_seen, uint32_t now)
+{
+	int32_t age = (int32_t)(now - last_seen);
+
+	return age < 0 ? 0 : (uint32_t)age;
+}
+
 static int way_live(const struct xdplb_conn_set *c, uint32_t w, uint16_t gen, uint32_t now,
 		    const uint32_t *timeouts)
 {
 	return (c->meta.flags[w] & XDPLB_SESS_F_USED) && c->meta.gen[w] == gen &&
-	       now - c->meta.last_seen[w] <= timeouts[c->meta.state[w] & (XDPLB_SESS__MAX - 1)];
+	       sess_age(c->meta.last_seen[w], now) <=
+		       timeouts[c->meta.state[w] & (XDPLB_SESS__MAX - 1)];
 }
 
 /*
@@ -185,9 +194,9 @@ static int sess_put(struct xdplb_conn_set *s, const struct xdplb_session *in, ui
 				free_way = w;
 			continue;
 		}
-		if (old == SESS_WAYS || now - c.meta.last_seen[w] > old_age) {
+		if (old == SESS_WAYS || sess_age(c.meta.last_seen[w], now) > old_age) {
 			old = w;
-			old_age = now - c.meta.last_seen[w];
+			old_age = sess_age(c.meta.last_seen[w], now);
 		}
 	}
 	if (same != SESS_WAYS && !replace && way_live(&c, same, gen, now, timeouts))

@@ -4,7 +4,7 @@ or by hashing into the VIP's lookup table, with the hops of a Beamer bucket."""
 from __future__ import annotations
 
 from xdplb.core import abi, hashing
-from xdplb.core.state import ConnEntry, VipParams
+from xdplb.core.state import ConnEntry, VipParams, session_age
 from xdplb.model.parse import IPPROTO_TCP
 from xdplb.model.state import DataplaneState, Flow
 
@@ -19,6 +19,7 @@ _Choice = tuple[
 
 
 _LIVE_MEMBERS = (abi.MemberState.ACTIVE, abi.MemberState.DRAINING)
+
 
 
 def session(
@@ -37,7 +38,7 @@ def session(
     if (
         state.now is not None
         and conn.last_seen is not None
-        and (state.now - conn.last_seen) & 0xFFFFFFFF > cfg.conn_timeouts[conn.state]
+        and session_age(conn.last_seen, state.now) > cfg.conn_timeouts[conn.state]
     ):
         return (abi.Event.CONN_EXPIRED,), None, ()
     first = conn.backend_id
