@@ -5,7 +5,9 @@ PY         := $(VENV)/bin/python
 PYTHON     ?= python3
 CLANG      ?= clang
 ARCH_INC   := /usr/include/$(shell uname -m)-linux-gnu
-BPF_CFLAGS := -O2 -g -target bpf -Wall -Werror -I$(ARCH_INC) -Ibpf/include -Ibpf
+# -fno-strict-aliasing, as the kernel: keys and headers written field by field are read
+# back as words (hashes, checksums), which type-based alias analysis may reorder.
+BPF_CFLAGS := -O2 -g -target bpf -fno-strict-aliasing -Wall -Werror -I$(ARCH_INC) -Ibpf/include -Ibpf
 BPF_SRCS   := $(wildcard bpf/*.bpf.c)
 BPF_OBJS   := $(patsubst bpf/%.bpf.c,build/%.bpf.o,$(BPF_SRCS))
 # Small programs that exist only for tests (tests/bpf/progs/*.bpf.c).
