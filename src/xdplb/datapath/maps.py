@@ -138,6 +138,11 @@ class Map(Closing):
         self.value_size: int = info.value_size
         self.max_entries: int = info.max_entries
         self.flags: int = info.map_flags
+        #: The map's type information (0: none): its BTF object and the key's and value's
+        #: type ids in it (xdplb.datapath.layout reads layouts through them).
+        self.btf_id: int = info.btf_id
+        self.btf_key_type_id: int = info.btf_key_type_id
+        self.btf_value_type_id: int = info.btf_value_type_id
         # The kernel keeps 15 characters of the name; libbpf knows the whole one.
         self.name: str = name if name is not None else ffi.string(info.name).decode()
         #: Bytes the kernel reads or writes for one value (all CPUs for per-CPU maps).
