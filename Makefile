@@ -14,6 +14,13 @@ BPF_OBJS   := $(patsubst bpf/%.bpf.c,build/%.bpf.o,$(BPF_SRCS))
 TEST_SRCS  := $(wildcard tests/bpf/progs/*.bpf.c)
 TEST_OBJS  := $(patsubst tests/bpf/progs/%.bpf.c,build/test/%.bpf.o,$(TEST_SRCS))
 BPF_HDRS   := $(wildcard bpf/include/*.h bpf/lib/*.h)
+# lb_xdp with another map layout, for the upgrade tests (docs/operations.md, "Upgrades"):
+# the next layout as a release would make it, and one the migration must refuse.
+LAYOUT_OBJS := build/test/lb_xdp_abi_next.bpf.o build/test/lb_xdp_abi_bad.bpf.o
+# The legacy layout: lb_xdp of the last release before pins were versioned, built from
+# its commit's bpf/ (git archive), for the tests only.
+LEGACY_COMMIT := 3e42602
+LEGACY_OBJ  := build/test/lb_xdp_legacy.bpf.o
 CFFI_MODS  := src/xdplb/datapath/libbpf_build.py src/xdplb/tables/maglev_build.py
 PYTEST     := $(PY) -m pytest -q
 # make install: DESTDIR for a scratch or package root (docs/operations.md#production-install).
@@ -37,7 +44,7 @@ $(VENV)/.installed: pyproject.toml
 	$(PY) -m pip install -q -e '.[dev]'
 	@touch $@
 
-build: deps $(BPF_OBJS) $(TEST_OBJS) build/.cffi
+build: deps $(BPF_OBJS) $(TEST_OBJS) $(LAYOUT_OBJS) build/.cffi
 
 build/%.bpf.o: bpf/%.bpf.c $(BPF_HDRS)
 	@mkdir -p build
@@ -46,6 +53,20 @@ build/%.bpf.o: bpf/%.bpf.c $(BPF_HDRS)
 build/test/%.bpf.o: tests/bpf/progs/%.bpf.c $(BPF_HDRS)
 	@mkdir -p build/test
 	$(CLANG) $(BPF_CFLAGS) -c $< -o $@
+
+build/test/lb_xdp_abi_next.bpf.o: bpf/lb_xdp.bpf.c $(BPF_HDRS)
+	@mkdir -p build/test
+	$(CLANG) $(BPF_CFLAGS) -DXDPLB_ABI_TEST_NEXT -c $< -o $@
+
+build/test/lb_xdp_abi_bad.bpf.o: bpf/lb_xdp.bpf.c $(BPF_HDRS)
+	@mkdir -p build/test
+	$(CLANG) $(BPF_CFLAGS) -DXDPLB_ABI_TEST_BAD -c $< -o $@
+
+$(LEGACY_OBJ):
+	@rm -rf build/legacy && mkdir -p build/legacy build/test
+	git archive $(LEGACY_COMMIT) bpf | tar -x -C build/legacy
+	$(CLANG) -O2 -g -target bpf -Wall -Werror -I$(ARCH_INC) -Ibuild/legacy/bpf/include \
+		-Ibuild/legacy/bpf -c build/legacy/bpf/lb_xdp.bpf.c -o $@
 
 build/.cffi: $(CFFI_MODS) bpf/lib/hash.h bpf/include/xdplb_abi.h src/xdplb/datapath/sessions.c $(VENV)/.installed
 	@mkdir -p build
@@ -57,13 +78,13 @@ build/test/lb_xdp_check.bpf.o build/test/lb_xdp_noclaim.bpf.o build/test/lb_xdp_
 		bpf/lb_xdp.bpf.c tests/bpf/progs/lb_xdp_check.bpf.c
 
 # Lint first: a suite that passes on code that does not type-check is not green.
-test: build lint
+test: build lint $(LEGACY_OBJ)
 	$(PYTEST) tests
 
 test-unit: build
 	$(PYTEST) -m unit tests
 
-test-bpf: build
+test-bpf: build $(LEGACY_OBJ)
 	$(PYTEST) -m bpf tests
 
 test-e2e: build

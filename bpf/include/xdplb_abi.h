@@ -19,8 +19,23 @@
  * bumps it; the daemon then migrates the session table into the new layout.
  */
 enum xdplb_abi {
+#if defined(XDPLB_ABI_TEST_NEXT) || defined(XDPLB_ABI_TEST_BAD)
+	XDPLB_ABI_VERSION = 3,	/* test builds only (Makefile: build/test/lb_xdp_abi_*.bpf.o) */
+#else
 	XDPLB_ABI_VERSION = 2,
+#endif
 };
+
+/*
+ * Test builds of another layout, for the upgrade tests (tests/bpf/test_upgrade.py,
+ * tests/e2e/test_upgrade.py); never shipped.  XDPLB_ABI_TEST_NEXT: the next layout
+ * as a release would make it, a field added to the session entry.  XDPLB_ABI_TEST_BAD:
+ * a layout the migration cannot read, a key field renamed (everywhere in the program,
+ * so that it still builds).
+ */
+#ifdef XDPLB_ABI_TEST_BAD
+#define dport dport_renamed
+#endif
 
 /* Default map sizes; the loader sets the configured ones (config limits:). */
 #define XDPLB_MAX_VIPS		512
@@ -173,6 +188,9 @@ struct xdplb_conn_entry {
 	__u16 hop[XDPLB_MAX_HOPS];	/* hop[0] the backend, then later hops (Beamer); 0: none */
 	__u32 hash;		/* the table hash, for the GUE source port */
 	__u32 nat[3];		/* reserved: NAT/FULLNAT */
+#ifdef XDPLB_ABI_TEST_NEXT
+	__u32 test_extra;	/* the test layout's new field */
+#endif
 };
 
 struct xdplb_conn_set {
