@@ -33,11 +33,12 @@ from xdplb.cli.args import (
     usage_error,
 )
 from xdplb.cli.client import parse_backend, parse_vip
-from xdplb.core import abi, paths, pcapng
+from xdplb.core import abi, pcapng
 from xdplb.core.addresses import IPAddress
 from xdplb.core.capture import CaptureSettings, Record, parse_points
 from xdplb.core.errors import XdplbError
 from xdplb.datapath.capture import CaptureBusy, CaptureMaps, capture_lock, monotonic_ns
+from xdplb.datapath.layout import pins_dir
 
 #: How often the expiry is pushed on while the capture runs.
 RENEW_S = 1.0
@@ -157,10 +158,13 @@ def capture(
         raise usage_error("invalid options: --summary and -w - both write to stdout")
     name = instance_name(config, instance)
     try:
-        maps = CaptureMaps.from_pins(paths.pin_root(name))
+        maps = CaptureMaps.from_pins(pins_dir(name))
     except FileNotFoundError as e:
         typer.echo(f"instance {name} is not running: {e}", err=True)
         raise typer.Exit(EXIT_NOT_RUNNING) from None
+    except XdplbError as e:  # pins of another layout (datapath.layout.LayoutMismatch)
+        typer.echo(f"cannot read the pins: {e}", err=True)
+        raise typer.Exit(EXIT_RUNTIME) from None
     old = {s: signal.signal(s, _on_signal) for s in (signal.SIGTERM, signal.SIGHUP)}
     try:
         with capture_lock(name), maps, _output(write) as out:

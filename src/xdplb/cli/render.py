@@ -244,7 +244,10 @@ def print_status(st: Status) -> None:
     if st.runtime_changes:
         head += "; RUNTIME CHANGES NOT PERSISTED"
     typer.echo(head)
-    line = f"connection table {st.conn_table.used} of {st.conn_table.capacity} entries"
+    used = "?" if st.conn_table.used is None else st.conn_table.used
+    line = f"connection table {used} of {st.conn_table.capacity} entries"
+    if st.conn_table.used is None:
+        line += " (its layout is not one this xdplb reads)"
     if st.rebuilds is not None:
         last = "" if st.last_rebuild_ms is None else f" (last {st.last_rebuild_ms:.1f} ms)"
         line += f"; {st.rebuilds} rebuilds{last}"

@@ -27,6 +27,7 @@ from pydantic import TypeAdapter
 from xdplb.cli.args import (
     EXIT_CONFIG,
     EXIT_NOT_RUNNING,
+    EXIT_RUNTIME,
     ApiOpt,
     InstanceOpt,
     JsonOpt,
@@ -44,7 +45,7 @@ from xdplb.control.sessions import (
     parse_query,
 )
 from xdplb.control.status import Status
-from xdplb.core.errors import ConfigError
+from xdplb.core.errors import ConfigError, XdplbError
 
 #: Entries one request of ``--connections`` asks for.
 PAGE = 1000
@@ -172,10 +173,10 @@ class _Source:
             resp = self.client.request("GET", "/api/v1/connections/counts")
             return TypeAdapter(list[SessionCount]).validate_json(resp.content)
         from xdplb.control import sessions
-        from xdplb.core import paths
+        from xdplb.datapath.layout import pins_dir
         from xdplb.datapath.lb import LbMaps
 
-        with LbMaps.from_pins(paths.pin_root(self.instance)) as maps:
+        with LbMaps.from_pins(pins_dir(self.instance)) as maps:
             return sessions.counts(maps.conns, maps.snapshot())
 
     def pages(
@@ -184,12 +185,12 @@ class _Source:
         if self.client is not None:
             return _daemon_page(self.client, q)
         from xdplb.control import sessions
-        from xdplb.core import paths
+        from xdplb.datapath.layout import pins_dir
         from xdplb.datapath.lb import LbMaps
 
         def read(cursor: int, limit: int) -> ConnectionPage:
             # Opened per page: a long listing holds no map between pages.
-            with LbMaps.from_pins(paths.pin_root(self.instance)) as maps:
+            with LbMaps.from_pins(pins_dir(self.instance)) as maps:
                 return sessions.page(maps.conns, maps.snapshot(), query, cursor=cursor, limit=limit)
 
         return read
@@ -214,3 +215,6 @@ def _source(
     except FileNotFoundError as e:
         typer.echo(f"instance {name}: {e}", err=True)
         raise typer.Exit(EXIT_NOT_RUNNING) from None
+    except XdplbError as e:  # pins of another layout (datapath.layout.LayoutMismatch)
+        typer.echo(f"cannot read the pins: {e}", err=True)
+        raise typer.Exit(EXIT_RUNTIME) from None

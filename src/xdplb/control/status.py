@@ -114,9 +114,10 @@ class AclHits(_Out):
 
 class ConnTableStatus(_Out):
     capacity: int
-    used: int
+    used: int | None
     """Entries in use (from the daemon: estimated from a sample of the sets; from the
-    pins: counted)."""
+    pins: counted). None: the table has a layout this xdplb's Python does not read (a
+    test build's, docs/operations.md "Upgrades")."""
 
 
 class MapStatus(_Out):
@@ -165,6 +166,9 @@ class Status(_Out):
     last_reload_error: str | None = None
     """Why the last reload was refused (what it would have dropped, or the file's error);
     None once one applies."""
+    upgrade: list[str] = []
+    """What the daemon's start copied from the pins of another layout, a line per pass
+    (docs/operations.md, "Upgrades"); empty if it found none."""
 
 
 # -- the builder's inputs ----------------------------------------------------------------
@@ -252,6 +256,7 @@ class DaemonView:
     health_checks: int
     vips: Sequence[VipView]
     last_reload_error: str | None = None
+    upgrade: Sequence[str] = ()
 
 
 # -- the builder -------------------------------------------------------------------------
@@ -358,6 +363,7 @@ def build(maps: MapsView, daemon: DaemonView | None = None) -> Status:
         health_checks=daemon.health_checks if daemon is not None else None,
         acl=acl,
         last_reload_error=daemon.last_reload_error if daemon is not None else None,
+        upgrade=list(daemon.upgrade) if daemon is not None else [],
     )
 
 
@@ -400,18 +406,19 @@ def _pinned_vips(snap: Snapshot) -> list[VipView]:
 def from_pins(instance: str) -> Status:
     """What the pinned maps of ``instance`` say, read by a process other than its daemon
     (the CLI's ``status --offline``). FileNotFoundError: nothing pinned; XdplbError: the
-    pins are not visible here (datapath.lb.checked_pin_root)."""
+    pins are not visible here (datapath.lb.checked_pin_root), or are of another layout
+    than this xdplb reads (datapath.layout.LayoutMismatch)."""
     # bpf only here: the models are imported by the API's client, which makes no syscalls.
-    from xdplb.datapath import Map
+    from xdplb.datapath import Map, layout
     from xdplb.datapath.hc import pin_dir
     from xdplb.datapath.lb import LbMaps, MapFill, checked_pin_root
 
     root = checked_pin_root(instance)
-    with LbMaps.from_pins(root) as maps:
+    with LbMaps.from_pins(layout.pins_dir(instance)) as maps:
         snap = maps.snapshot()
         counters = maps.counters(snap=snap)
         fill = maps.fill(snap, conns_used=counters.conns)
-        capacity = maps.conns.capacity
+        capacity = maps.conn_capacity
     hc_targets = pin_dir(instance) / "hc_targets"
     if hc_targets.exists():
         with Map.from_pinned(hc_targets) as m:

@@ -32,8 +32,18 @@ def build_dir() -> Path:
     return PACKAGED_OBJECTS if PACKAGED_OBJECTS.is_dir() else ROOT / "build"
 
 
+#: Another lb_xdp object than the build's (a test build of another layout): the daemon,
+#: and every reader of pins, use it and its layout (docs/operations.md, "Upgrades").
+LB_OBJECT_ENV = "XDPLB_LB_OBJECT"
+
+
 def bpf_object(name: str) -> Path:
-    """Path of a built BPF object, e.g. ``bpf_object("lb_xdp")``."""
+    """Path of a built BPF object, e.g. ``bpf_object("lb_xdp")`` (``XDPLB_LB_OBJECT``
+    names another lb_xdp object)."""
+    if name == "lb_xdp" and (env := os.environ.get(LB_OBJECT_ENV)):
+        if not Path(env).exists():
+            raise FileNotFoundError(f"{env} ({LB_OBJECT_ENV}) is missing")
+        return Path(env)
     path = build_dir() / f"{name}.bpf.o"
     if not path.exists():
         installed = path.parent == PACKAGED_OBJECTS
@@ -78,6 +88,30 @@ def under(root: Path, name: str) -> Path:
 def pin_root(instance: str) -> Path:
     """Per-instance pin directory in bpffs."""
     return under(BPFFS_ROOT, instance_name(instance))
+
+
+#: The layout of the release before pins were versioned: its maps lie directly in the
+#: instance's pin directory. Every later layout ``N`` has its own ``abi-<N>`` directory.
+LEGACY_LAYOUT = 1
+LAYOUT_PREFIX = "abi-"
+#: The instance's XDP links, shared by every layout (a new program is swapped into them).
+LINKS_DIR = "links"
+
+
+def layout_dir(instance: str, version: int) -> Path:
+    """Where lb_xdp's maps of layout ``version`` (``XDPLB_ABI_VERSION``) are pinned for
+    ``instance``: ``<pin root>/abi-<N>``; the legacy layout's, the pin root itself."""
+    root = pin_root(instance)
+    if version == LEGACY_LAYOUT:
+        return root
+    if version < LEGACY_LAYOUT:
+        raise ValueError(f"no layout {version}")
+    return root / f"{LAYOUT_PREFIX}{version}"
+
+
+def layout_name(version: int) -> str:
+    """``abi-<N>``, as messages and docs name a layout."""
+    return f"{LAYOUT_PREFIX}{version}"
 
 
 def run_dir() -> Path:

@@ -68,6 +68,7 @@ from xdplb.core import abi, paths
 from xdplb.core.addresses import IPAddress
 from xdplb.core.closing import Closing
 from xdplb.core.errors import XdplbError
+from xdplb.datapath import layout
 from xdplb.datapath.links import tc_attach
 from xdplb.datapath.maps import Map
 from xdplb.datapath.objects import BpfObject, PinnedSizeError
@@ -127,9 +128,11 @@ def table_for(instance: str) -> int:
     return HC_TABLE_BASE + int.from_bytes(_digest(instance)[4:6], "big")
 
 
-def pin_dir(instance: str) -> Path:
-    """Where hc_tc's maps are pinned: ``<instance pin root>/hc``."""
-    return paths.pin_root(instance) / "hc"
+def pin_dir(instance: str, version: int | None = None) -> Path:
+    """Where hc_tc's maps are pinned: ``hc`` in the directory of lb_xdp's layout
+    ``version`` (default: this xdplb's), so that an upgrade replaces them with lb_xdp's."""
+    v = layout.current_version() if version is None else version
+    return paths.layout_dir(instance, v) / "hc"
 
 
 def _check_mark(mark: int) -> None:
@@ -305,7 +308,8 @@ class HealthTunnel(Closing):
             _ensure_routes(ipr, self.table, self.ifindex, source_v4, source_v6)
             _ensure_rules(ipr, self.table)
         self.pin_dir.mkdir(parents=True, exist_ok=True)
-        os.chmod(self.pin_dir.parent, 0o700)  # pins are root's business only
+        for d in (self.pin_dir.parent, paths.pin_root(instance)):
+            os.chmod(d, 0o700)  # pins are root's business only
         #: hc_targets' size (config ``limits.hc_targets``).
         self.max_targets = max_targets
         try:
@@ -401,9 +405,11 @@ def destroy_health_tunnel(instance: str) -> None:
                     ipr.route("del", **_route_key(route, family, table))
         for index in ipr.link_lookup(ifname=ifname_for(instance)):
             ipr.link("del", index=index)
-    shutil.rmtree(pin_dir(instance), ignore_errors=True)
-    with contextlib.suppress(OSError):  # only if nothing else of the instance is pinned
-        paths.pin_root(instance).rmdir()
+    hc = pin_dir(instance)
+    shutil.rmtree(hc, ignore_errors=True)
+    for d in (hc.parent, paths.pin_root(instance)):
+        with contextlib.suppress(OSError):  # only if nothing else of the instance is pinned
+            d.rmdir()
 
 
 def _route_key(route: Any, family: int, table: int) -> dict[str, Any]:

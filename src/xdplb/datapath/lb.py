@@ -1,8 +1,10 @@
 """lb_xdp for one instance: its pinned maps, its XDP links, snapshots and plan application.
 
-The maps are pinned by name under ``/sys/fs/bpf/xdplb/<instance>`` and the XDP links under
-``.../links``: a daemon that restarts (or is upgraded) finds them, keeps the connection
-table, and swaps its freshly loaded program into the existing links atomically.
+The maps are pinned by name under ``/sys/fs/bpf/xdplb/<instance>/abi-<N>`` (N: the
+object's layout version, :mod:`xdplb.datapath.layout`) and the XDP links under
+``/sys/fs/bpf/xdplb/<instance>/links``: a daemon that restarts finds them and keeps the
+connection table; one of another layout migrates it (:mod:`xdplb.datapath.upgrade`);
+either swaps its freshly loaded program into the existing links atomically.
 """
 
 from __future__ import annotations
@@ -37,8 +39,8 @@ from xdplb.core.state import (
     member_words,
     vip_index_slots,
 )
-from xdplb.datapath import rcu
-from xdplb.datapath.conns import ConnTable, check_mask
+from xdplb.datapath import layout, rcu
+from xdplb.datapath.conns import SET_SIZE, ConnTable, check_mask
 from xdplb.datapath.links import Link, XdpMode, attach_xdp
 from xdplb.datapath.maps import BPF_F_INNER_MAP, Map, MapType
 from xdplb.datapath.objects import BpfObject, PinnedSizeError
@@ -87,7 +89,9 @@ class Counters:
     events: dict[abi.Event, int]
     vips: dict[int, abi.Stats]  # vip id -> stats
     backends: dict[int, abi.Stats]  # backend id -> stats
-    conns: int  # entries in the connection table
+    #: Entries in the connection table; None where its layout is not the one this
+    #: Python reads (a test build of another layout, :attr:`LbMaps.conns_readable`).
+    conns: int | None
     #: ACL hits: scope (vip id or ``abi.ACL_GLOBAL``) -> list -> packets, for the global
     #: scope and every VIP of the snapshot.
     acl_hits: dict[int, dict[abi.AclList, int]] = field(default_factory=dict)
@@ -116,11 +120,13 @@ def pinned_sizes(pin_dir: Path) -> dict[str, int]:
     return out
 
 
-def check_pins(instance: str, lim: limits.Limits) -> None:
+def check_pins(instance: str, lim: limits.Limits, version: int | None = None) -> None:
     """ConfigError naming the ``limits`` field if a pinned map of ``instance`` (lb_xdp's
-    or hc_tc's) has another size than ``lim`` gives it: checked before loading, since
-    libbpf refuses to reuse such a pin."""
-    root = paths.pin_root(instance)
+    or hc_tc's) of layout ``version`` (default: this xdplb's) has another size than
+    ``lim`` gives it: checked before loading, since libbpf refuses to reuse such a pin.
+    Another layout's maps are not reused, whatever their sizes (they are migrated)."""
+    version = layout.current_version() if version is None else version
+    root = paths.layout_dir(instance, version)
     wanted = limits.map_sizes(lim)
     for pin_dir in (root, root / "hc"):
         bad = limits.mismatches(pinned_sizes(pin_dir), wanted)
@@ -142,6 +148,8 @@ class LbMaps(Closing):
 
     @classmethod
     def from_pins(cls, pin_root: Path) -> LbMaps:
+        """The maps pinned in ``pin_root``: a layout's directory
+        (:func:`xdplb.datapath.layout.pins_dir` finds the one this xdplb reads)."""
         missing = [n for n in MAP_NAMES if not (pin_root / n).exists()]
         if missing:
             raise FileNotFoundError(f"{pin_root}: no pinned {', '.join(missing)}: is it running?")
@@ -152,8 +160,25 @@ class LbMaps(Closing):
         return self.maps[name]
 
     @property
+    def conns_readable(self) -> bool:
+        """``lb_conns`` has the layout :class:`ConnTable` reads (not a test build's)."""
+        return self["lb_conns"].value_size == SET_SIZE
+
+    @property
+    def conn_capacity(self) -> int:
+        """Sessions ``lb_conns`` holds: sets x ways."""
+        return self["lb_conns"].max_entries * abi.CONN_WAYS
+
+    @property
     def conns(self) -> ConnTable:
-        """The session table (``lb_conns``), mapped into this process once."""
+        """The session table (``lb_conns``), mapped into this process once; XdplbError
+        where its layout is not the one this Python reads."""
+        if not self.conns_readable:
+            raise XdplbError(
+                f"lb_conns has {self['lb_conns'].value_size}-byte sets, not the "
+                f"{SET_SIZE} of layout {paths.layout_name(abi.ABI_VERSION)} this xdplb "
+                "reads: its sessions cannot be listed here"
+            )
         if self._conns is None:
             self._conns = ConnTable(self["lb_conns"])
         return self._conns
@@ -272,7 +297,10 @@ class LbMaps(Closing):
 
         snap = snap or self.snapshot()
         gen, tmo = snap.config.conn_gen, snap.config.conn_timeouts
-        if exact_conns:
+        conns: int | None = None
+        if not self.conns_readable:
+            pass  # a test build's layout: the count is unavailable, the rest is not
+        elif exact_conns:
             conns = self.conns.count(gen=gen, timeouts=tmo)
         else:
             conns = self.conns.estimate_count(gen=gen, timeouts=tmo)
@@ -421,10 +449,12 @@ class LbMaps(Closing):
         max_entries. Hash maps sized by traffic (ACLs, rate limit) are counted with a
         batch lookup or a key walk. lb_nexthops, not pinned, is reported from the pins
         too: its size is lb_backends'."""
-        conns = self.conns
-        if conns_used is None:
+        readable = self.conns_readable
+        if not readable:
+            used_conns = None
+        elif conns_used is None:
             cfg = snap.config
-            used_conns = conns.estimate_count(gen=cfg.conn_gen, timeouts=cfg.conn_timeouts)
+            used_conns = self.conns.estimate_count(gen=cfg.conn_gen, timeouts=cfg.conn_timeouts)
         else:
             used_conns = conns_used
         vip_ids = {p.vip_id for p in snap.vips.values()} | set(snap.tables)
@@ -451,7 +481,8 @@ class LbMaps(Closing):
             if size is None:
                 continue
             if name == "lb_conns":
-                out.append(MapFill(name, used_conns, conns.capacity, conns_used is None))
+                if used_conns is not None:  # None: a layout this Python does not read
+                    out.append(MapFill(name, used_conns, self.conn_capacity, conns_used is None))
             elif name in counted:
                 out.append(MapFill(name, counted[name], size))
             else:
@@ -500,13 +531,24 @@ class LbDatapath(LbMaps):
         declares, which are the configuration's defaults). A pinned map of another size:
         ConfigError naming the ``limits`` field, nothing loaded."""
         self.instance = instance
+        path = obj_path or paths.bpf_object("lb_xdp")
+        #: The object's layout (``XDPLB_ABI_VERSION``): where its maps are pinned.
+        self.abi_version = layout.object_version(path)
+        #: The instance's pin directory (links/ and every layout's maps).
         self.pin_root = paths.pin_root(instance)
+        #: This layout's maps: ``<pin_root>/abi-<N>``.
+        self.pin_dir = paths.layout_dir(instance, self.abi_version)
+        #: No map of this layout was pinned before this load (a first start or an
+        #: upgrade): :meth:`unpin` may remove them again if the start fails.
+        self.fresh = not (self.pin_dir / layout.MARKER).exists()
         self.pin_root.mkdir(parents=True, exist_ok=True)
         os.chmod(self.pin_root, 0o700)  # pins are root's business only
+        self.pin_dir.mkdir(parents=True, exist_ok=True)
+        os.chmod(self.pin_dir, 0o700)
         try:
             self.obj = BpfObject.load(
-                obj_path or paths.bpf_object("lb_xdp"),
-                pin_root=self.pin_root,
+                path,
+                pin_root=self.pin_dir,
                 max_entries=limits.map_sizes(lim) if lim is not None else None,
             )
         except PinnedSizeError as e:
@@ -518,7 +560,7 @@ class LbDatapath(LbMaps):
         super().__init__({n: self.obj.map(n) for n in dict.fromkeys(names)})
 
     def link_path(self, ifname: str) -> Path:
-        return self.pin_root / "links" / f"xdp_{ifname}"
+        return self.pin_root / paths.LINKS_DIR / f"xdp_{ifname}"
 
     def attach(self, ifname: str, mode: XdpMode = XdpMode.NATIVE) -> bool:
         """Make ``ifname`` run this program; True if a new link was made.
@@ -547,6 +589,11 @@ class LbDatapath(LbMaps):
     def attached(self) -> list[str]:
         links = self.pin_root / "links"
         return sorted(p.name.removeprefix("xdp_") for p in links.glob("xdp_*"))
+
+    def unpin(self) -> int:
+        """Remove this layout's pins (not the links): for a start that failed before
+        attaching, when :attr:`fresh` says this load made them. Returns how many."""
+        return layout.remove_layout(self.instance, self.abi_version)
 
     def close(self) -> None:
         super().close()

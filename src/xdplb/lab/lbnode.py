@@ -7,6 +7,7 @@ Tests and the demo reload it, restart it, and read its pinned maps.
 
 from __future__ import annotations
 
+import os
 import signal
 import subprocess
 import sys
@@ -22,6 +23,7 @@ from xdplb.control import planner
 from xdplb.core import paths
 from xdplb.core.errors import LabError
 from xdplb.core.paths import api_socket
+from xdplb.datapath import layout
 from xdplb.datapath.lb import LbMaps, destroy
 from xdplb.lab.topology import Lab
 from xdplb.lab.wait import wait_for
@@ -46,6 +48,9 @@ class LbNode:
         self.config_path = workdir / f"{self.instance}.yaml"
         self.log_path = workdir / f"{self.instance}.log"
         self.proc: subprocess.Popen[bytes] | None = None
+        #: Another lb_xdp object for the next :meth:`start` (``XDPLB_LB_OBJECT``: a test
+        #: build of another layout); None: the build's. Reads of the pins follow it.
+        self.lb_object: Path | None = None
         # The lab removes our pins at teardown, whatever happens.
         lab.pin_root("lb" if node == "lb" else f"{node}lb")
         lab.on_teardown(self.destroy)
@@ -83,16 +88,27 @@ class LbNode:
         if self.proc is not None and self.proc.poll() is None:
             raise LabError("the LB daemon is already running")
         log = self.log_path.open("ab")
+        env = self.env()
         self.proc = self.lab.popen(
             self.node,
             [sys.executable, "-m", "xdplb.cli.app", "run", "-c", str(self.config_path), *args],
             stdout=log,
             stderr=subprocess.STDOUT,
+            env=env,
         )
         log.close()
         self._wait_serving(timeout)
         if wait:
             self.wait_applied(timeout)
+
+    def env(self) -> dict[str, str]:
+        """The environment of the daemon and of :meth:`cli`: ``XDPLB_LB_OBJECT`` as
+        :attr:`lb_object` says."""
+        env = dict(os.environ)
+        env.pop(paths.LB_OBJECT_ENV, None)
+        if self.lb_object is not None:
+            env[paths.LB_OBJECT_ENV] = str(self.lb_object)
+        return env
 
     def _wait_serving(self, timeout: float) -> None:
         """Until the daemon has written its pid file: its signal handlers are in place
@@ -147,7 +163,7 @@ class LbNode:
             if self.proc is not None and self.proc.poll() is not None:
                 raise LabError(f"the LB daemon exited: {self.log_tail()}")
             try:
-                maps = LbMaps.from_pins(paths.pin_root(self.instance))
+                maps = LbMaps.from_pins(self.pins_dir())
             except FileNotFoundError:
                 return None
             try:
@@ -165,7 +181,18 @@ class LbNode:
         )
 
     def _attached(self) -> bool:
-        return (paths.pin_root(self.instance) / "links" / "xdp_eth0").exists()
+        return (paths.pin_root(self.instance) / paths.LINKS_DIR / "xdp_eth0").exists()
+
+    @property
+    def abi_version(self) -> int:
+        """The layout of the daemon's lb_xdp object (:attr:`lb_object` or the build's)."""
+        if self.lb_object is not None:
+            return layout.object_version(self.lb_object)
+        return layout.current_version()
+
+    def pins_dir(self) -> Path:
+        """Where the daemon's lb_xdp maps are pinned (its layout's directory)."""
+        return paths.layout_dir(self.instance, self.abi_version)
 
     @property
     def api_socket(self) -> Path:
@@ -188,11 +215,12 @@ class LbNode:
             text=True,
             timeout=timeout,
             check=False,
+            env=self.env(),
         )
 
     def maps(self) -> LbMaps:
         """The daemon's pinned maps (the caller closes them)."""
-        return LbMaps.from_pins(paths.pin_root(self.instance))
+        return LbMaps.from_pins(self.pins_dir())
 
     def log_tail(self, lines: int = 20) -> str:
         try:

@@ -517,8 +517,10 @@ function render(status) {
   setText(field(document, "attached"), status.attached.join(", ") || "none");
   setText(field(document, "uptime"), duration(status.uptime));
   const ct = status.conn_table;
-  const fill = ct.capacity > 0 ? ct.used / ct.capacity : 0;
-  setText(field(document, "conn_table"), `${count(ct.used)} / ${count(ct.capacity)} (${percent(fill)})`);
+  // used is null where the table's layout is not one this xdplb reads (a test build's).
+  const fill = ct.capacity > 0 && ct.used !== null ? ct.used / ct.capacity : 0;
+  const used = ct.used === null ? "?" : count(ct.used);
+  setText(field(document, "conn_table"), `${used} / ${count(ct.capacity)} (${ct.used === null ? "?" : percent(fill)})`);
   field(document, "conn_table_meter").style.width = `${Math.min(fill, 1) * 100}%`;
   const last = status.last_rebuild_ms === null ? "" : ` (last ${status.last_rebuild_ms.toFixed(1)} ms)`;
   setText(field(document, "rebuilds"), `${count(status.rebuilds)}${last}`);
