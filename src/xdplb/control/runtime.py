@@ -61,8 +61,9 @@ from xdplb.core.errors import ConfigError
 from xdplb.core.mapops import DeleteTable, PutTable
 from xdplb.core.reports import LoadReport
 from xdplb.core.state import Snapshot
-from xdplb.datapath import XdpMode, clock
+from xdplb.datapath import XdpMode, clock, layout, rcu
 from xdplb.datapath.lb import LbDatapath, MapFill, check_pins
+from xdplb.datapath.upgrade import Upgrade, describe, new_maps_of
 from xdplb.health import HealthMonitor
 from xdplb.health.targets import HealthTargets
 
@@ -81,9 +82,24 @@ class Runtime:
         self.instance = self.running.instance
         self.admin_path = paths.under(run_dir, f"{self.instance}.admin.json")
         self.started = time.monotonic()
+        obj = paths.bpf_object("lb_xdp")
+        version = layout.object_version(obj)
         # Pinned maps of another size: refused here, naming the field, before loading.
-        check_pins(self.instance, self.running.limits)
-        self.dp = LbDatapath(self.instance, lim=self.running.limits)
+        check_pins(self.instance, self.running.limits, version)
+        #: Pins of another layout to migrate (docs/operations.md, "Upgrades"), checked
+        #: before anything is loaded: UpgradeRefused says why and what to do.
+        self.upgrade = Upgrade.prepare(self.instance, version)
+        #: What the upgrade did, a line per pass (the status says it).
+        self.upgrade_report: list[str] = []
+        fresh = not (paths.layout_dir(self.instance, version) / layout.MARKER).exists()
+        try:
+            self.dp = LbDatapath(self.instance, obj, lim=self.running.limits)
+        except BaseException:
+            if self.upgrade is not None:
+                self.upgrade.close()
+            if fresh:  # this start's pins only: a previous run's are kept
+                layout.remove_layout(self.instance, version)
+            raise
         #: The kernel's HZ: the session clock's ticks per second (timeouts are in ticks).
         self.hz = clock.hz()
         #: Beamer tables as last built, by vip id (the maps hold hops, not history).
@@ -112,9 +128,73 @@ class Runtime:
 
     # -- applying ------------------------------------------------------------------------
 
-    def apply(self, cfg: Config | None = None) -> int:
+    def start(self) -> int:
+        """The daemon's first apply. With pins of another layout (an upgrade): the plan
+        into the new maps, the sessions copied while the old program still forwards,
+        the new program swapped into the links, an RCU grace period (no run of the old
+        program is left), the sessions it recorded meanwhile copied, then the old pins
+        removed. A failure before the swap removes the new pins again (if this start
+        made them) and leaves the old program attached and forwarding."""
+        up = self.upgrade
+        if up is None:
+            return self.apply()
+        try:
+            n = self.apply(attach=False)
+            self._copy_sessions(up, "pass 1")
+        except BaseException:
+            self._abandon_upgrade()
+            raise
+        self._attach(self.running)
+        rcu.synchronize()
+        self._copy_sessions(up, "pass 2")
+        removed = up.remove_old()
+        self.upgrade = None
+        froms = ", ".join(paths.layout_name(v) for v in up.from_versions)
+        log.info(
+            "upgraded instance %s from layout %s to %s: %d old pins removed",
+            self.instance,
+            froms,
+            paths.layout_name(self.dp.abi_version),
+            removed,
+            extra={"from": froms, "to": paths.layout_name(self.dp.abi_version)},
+        )
+        self.upgrade_report = describe(up.passes)
+        return n
+
+    def _copy_sessions(self, up: Upgrade, what: str) -> None:
+        snap = self.dp.snapshot()
+        backends = {i: (b.addr, b.active, b.gen) for i, b in snap.backends.items()}
+        cfg = snap.config
+        new = new_maps_of(backends, cfg.seed, cfg.conn_gen, cfg.conn_timeouts)
+        up.copy(self.dp.conns, new, what)
+
+    def _abandon_upgrade(self) -> None:
+        """A start that failed before the swap: the old pins stay, the new ones go."""
+        if self.upgrade is not None:
+            self.upgrade.close()
+            self.upgrade = None
+        if self.dp.fresh:
+            removed = self.dp.unpin()
+            log.warning(
+                "upgrade abandoned: %d new pins of %s removed; the old program keeps forwarding",
+                removed,
+                paths.layout_name(self.dp.abi_version),
+            )
+
+    def _attach(self, cfg: Config) -> None:
+        mode = XdpMode.GENERIC if cfg.xdp_mode is XdpModeName.GENERIC else XdpMode.NATIVE
+        for ifname in cfg.interfaces:
+            if self.dp.attach(ifname, mode):
+                log.info("attached lb_xdp to %s (%s)", ifname, cfg.xdp_mode)
+        for ifname in self.dp.attached():
+            if ifname not in cfg.interfaces:
+                self.dp.detach(ifname)
+                log.info("detached lb_xdp from %s", ifname)
+
+    def apply(self, cfg: Config | None = None, *, attach: bool = True) -> int:
         """Make interfaces, maps and health checks match ``cfg`` (default: the running
-        configuration); returns the number of map operations."""
+        configuration); returns the number of map operations. ``attach=False``: the
+        interfaces are left as they are (:meth:`start` swaps the program in later)."""
         cfg = cfg or self.running
         # Before anything changes: the maps' sizes are fixed, and what the change needs
         # on the way must fit them.
@@ -128,14 +208,8 @@ class Runtime:
             except OSError:
                 raise ConfigError(f"interfaces[{i}]", f"no interface {ifname!r} here") from None
         self.dirty = False
-        mode = XdpMode.GENERIC if cfg.xdp_mode is XdpModeName.GENERIC else XdpMode.NATIVE
-        for ifname in cfg.interfaces:
-            if self.dp.attach(ifname, mode):
-                log.info("attached lb_xdp to %s (%s)", ifname, cfg.xdp_mode)
-        for ifname in self.dp.attached():
-            if ifname not in cfg.interfaces:
-                self.dp.detach(ifname)
-                log.info("detached lb_xdp from %s", ifname)
+        if attach:
+            self._attach(cfg)
         self._follow_feedback(cfg)
         self.health.set_targets(self.targets.update(cfg))
         members = {(v.name, b.address) for v in cfg.vips for b in v.backends}
@@ -215,6 +289,8 @@ class Runtime:
             self.dirty = True  # new weights from the backends' load
 
     def close(self) -> None:
+        if self.upgrade is not None:  # never started: the old pins stay as they were
+            self.upgrade.close()
         self.targets.close()
         self.dp.close()
 
@@ -426,7 +502,7 @@ class Runtime:
             conns_estimated=True,
             fill=[*self.dp.fill(snap, conns_used=counters.conns), hc_targets],
             attached=self.dp.attached(),
-            conn_capacity=self.dp.conns.capacity,
+            conn_capacity=self.dp.conn_capacity,
         )
         return build(maps, self._daemon_view())
 
@@ -501,4 +577,5 @@ class Runtime:
             health_checks=self.health.checks_total,
             vips=vips,
             last_reload_error=self.last_reload_error,
+            upgrade=self.upgrade_report,
         )

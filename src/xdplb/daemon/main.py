@@ -205,7 +205,13 @@ class Daemon:
         token = api_token(rt.running.api)
         sock = bind_api(rt.running.api, rt.instance)
         sock_file = _socket_file(sock)
-        rt.apply()
+        try:
+            rt.start()  # an upgrade copies the session table here (docs/operations.md)
+        except BaseException:
+            sock.close()
+            _remove_socket_file(sock_file)
+            rt.close()
+            raise
         self._follow_agents()
         paths.run_dir().mkdir(parents=True, exist_ok=True)
         # Loaded, attached, bound: what follows needs far less than root's every power.
