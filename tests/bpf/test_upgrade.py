@@ -41,6 +41,7 @@ CLIENT = "198.18.1.1"
 BACKENDS = {"b1": "198.18.0.11", "b2": "198.18.0.12", "b3": "198.18.0.13", "b4": "198.18.0.14"}
 TCP_PORTS = range(20000, 20300)
 UDP_PORTS = range(30000, 30200)
+LATE_PORTS = range(31000, 31040)
 CONN_TABLE = 65536  # 16384 sets: a few hundred flows never fill one
 
 
@@ -313,7 +314,7 @@ def test_the_legacy_table_migrates_entry_by_entry(instance: str) -> None:
         new = new_maps_of(backends, snap.config.seed, snap.config.conn_gen,
                           snap.config.conn_timeouts)  # fmt: skip
         r = up.copy(dp.conns, new, "pass 1")
-        assert (r.found, r.busy, r.stale) == (len(old), 0, 0)
+        assert (r.found, r.busy, r.stale, r.expired) == (len(old), 0, 0, 0)
         again = up.copy(dp.conns, new, "pass 2")
         assert (again.copied, again.present) == (0, r.copied)
         check_migrated(dp, old, r.no_backend, r.copied)
@@ -352,8 +353,27 @@ def test_the_next_layouts_table_migrates_entry_by_entry(instance: str) -> None:
         new = new_maps_of(backends, snap.config.seed, snap.config.conn_gen,
                           snap.config.conn_timeouts)  # fmt: skip
         r = up.copy(dp.conns, new, "pass 1")
-        assert (r.found, r.busy, r.stale, r.evicted) == (len(old), 0, 0, 0)
+        assert (r.found, r.busy, r.stale, r.expired, r.evicted) == (len(old), 0, 0, 0, 0)
         check_migrated(dp, old, r.no_backend, r.copied)
+        # Flows the old program records after pass 1 (before the swap): pass 2 takes
+        # exactly those, and leaves what the new program has recorded since.
+        with LbDatapath(instance, nxt, lim=old_cfg.limits) as old_dp:
+            for p in LATE_PORTS:
+                old_dp.program.test_run(frame(p, abi.IPPROTO_UDP, syn=False))
+            late = next_entries(old_dp, {i: b.addr for i, b in old_dp.snapshot().backends.items()})
+        late_keys = {key_of(p, abi.IPPROTO_UDP) for p in LATE_PORTS}
+        assert set(late) == set(old) | late_keys
+        kept = sum(1 for k in late_keys if late[k]["backend"] != abi_addr(BACKENDS["b4"]))
+        r2 = up.copy(dp.conns, new, "pass 2")
+        assert (r2.copied, r2.present, r2.no_backend - r.no_backend) == (
+            kept,
+            r.copied,
+            len(late_keys) - kept,
+        )
+        entries = dp.conns.entries()
+        assert late_keys - set(entries) == {
+            k for k in late_keys if late[k]["backend"] == abi_addr(BACKENDS["b4"])
+        }
         up.remove_old()
     assert layout.pinned_layouts(instance) == {abi.ABI_VERSION: layout.pins_dir(instance)}
 

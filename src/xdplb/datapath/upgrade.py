@@ -211,8 +211,10 @@ class CopyResult:
     present: int = 0
     #: Skipped: no backend of the new maps has the session's backend's address.
     no_backend: int = 0
-    #: Skipped: of an old generation, past its timeout, or its backend slot reassigned.
+    #: Skipped: of an old generation (flushed), or its backend slot reassigned since.
     stale: int = 0
+    #: Skipped: past its state's idle timeout (the new table's).
+    expired: int = 0
     #: Not copied: a set of the old table kept being written, or of the new one held.
     busy: int = 0
     #: Copied over another session of a full set.
@@ -428,9 +430,11 @@ def copy_sessions(old: OldTable, new_conns: ConnTable, new_maps: NewMaps) -> Cop
     out = CopyResult()
     old_backends = old.backends()
     by_addr = new_maps.ids_by_address
+    sessions = list(old.sessions())
+    # After the read: a session the old program refreshed meanwhile is not from the future.
     now = now_ticks()
     todo: list[abi.Session] = []
-    for s in old.sessions():
+    for s in sessions:
         if s is None:
             out.busy += 1
             continue
@@ -439,8 +443,9 @@ def copy_sessions(old: OldTable, new_conns: ConnTable, new_maps: NewMaps) -> Cop
             out.stale += 1
             continue
         last_seen = now if s.last_seen < 0 else s.last_seen
-        if (now - last_seen) & 0xFFFFFFFF > new_maps.timeouts[s.state]:
-            out.stale += 1
+        age = (now - last_seen) & 0xFFFFFFFF
+        if age < 1 << 31 and age > new_maps.timeouts[s.state]:  # ahead of now: just seen
+            out.expired += 1
             continue
         first = old_backends.get(s.hops[0]) if s.hops else None
         if first is None or first.addr not in by_addr:
