@@ -22,7 +22,6 @@ import pytest
 from scapy.layers.inet import IP, TCP
 from scapy.utils import PcapNgReader
 
-from xdplb.core import paths
 from xdplb.datapath.capture import LEASE_NS, CaptureMaps
 from xdplb.lab import Lab, netns
 from xdplb.lab.lbnode import LbNode
@@ -49,7 +48,7 @@ def lb(lab: Lab, tmp_path_factory: pytest.TempPathFactory) -> Iterator[LbNode]:
 
 
 def capture_maps(node: LbNode) -> CaptureMaps:
-    return CaptureMaps.from_pins(paths.pin_root(node.instance))
+    return CaptureMaps.from_pins(node.pins_dir())
 
 
 def sampling(node: LbNode) -> bool:

@@ -113,14 +113,16 @@ def test_pins_are_root_only(lab: Lab, tmp_path: Path) -> None:
         node.start()
         root = paths.pin_root(node.instance)
         assert stat.S_IMODE(root.stat().st_mode) == 0o700
+        assert stat.S_IMODE(node.pins_dir().stat().st_mode) == 0o700
         pins = [p for p in root.rglob("*") if not p.is_dir()]
         assert len(pins) >= 10
         for p in pins:
             assert stat.S_IMODE(p.stat().st_mode) & 0o077 == 0, p
         # Another user cannot even find them (the system python: the venv may not be
         # readable to them).
+        conns = node.pins_dir() / "lb_conns"
         probe = subprocess.run(
-            ["/usr/bin/python3", "-c", f"import os; os.stat({str(root / 'lb_conns')!r})"],
+            ["/usr/bin/python3", "-c", f"import os; os.stat({str(conns)!r})"],
             preexec_fn=lambda: (os.setgroups([]), os.setgid(65534), os.setuid(65534)),
             capture_output=True,
             text=True,
