@@ -29,7 +29,7 @@ from xdplb.control import planner
 from xdplb.core import abi, limits, mapops, paths
 from xdplb.core.addresses import IPAddress
 from xdplb.core.state import Snapshot
-from xdplb.datapath import BpfObject, clock, layout
+from xdplb.datapath import BpfObject, Map, clock, layout
 from xdplb.datapath.lb import LbDatapath, LbMaps, destroy
 from xdplb.datapath.upgrade import OldTable, Upgrade, UpgradeRefused, WayFields
 
@@ -288,6 +288,24 @@ def check_migrated(
     assert {k: after[k].backend_id for k in new} == {k: e.backend_id for k, e in new.items()}
 
 
+def events(m: Any) -> dict[abi.Event, int]:
+    return {
+        e: sum(struct.unpack("<Q", v)[0] for v in m.lookup_percpu(struct.pack("<I", e)))
+        for e in abi.Event
+    }
+
+
+def check_counters_carried(up: Upgrade, dp: LbDatapath, old_dir: Path) -> None:
+    """The old program's event counters, added to the new maps' by name."""
+    with Map.from_pinned(old_dir / "lb_events") as m:
+        old = events(m)
+    assert old[abi.Event.CONN_MISS] >= len(list(flows()))
+    assert up.carry_counters(dp.maps) >= len(abi.Event) - 6  # the legacy lacks 6 events
+    new = events(dp["lb_events"])
+    assert new[abi.Event.CONN_MISS] == old[abi.Event.CONN_MISS]
+    assert new[abi.Event.CONN_HIT] == old[abi.Event.CONN_HIT]
+
+
 def abi_addr(a: str) -> IPAddress:
     import ipaddress
 
@@ -317,6 +335,7 @@ def test_the_legacy_table_migrates_entry_by_entry(instance: str) -> None:
         assert (r.found, r.busy, r.stale, r.expired) == (len(old), 0, 0, 0)
         again = up.copy(dp.conns, new, "pass 2")
         assert (again.copied, again.present) == (0, r.copied)
+        check_counters_carried(up, dp, paths.pin_root(instance))
         check_migrated(dp, old, r.no_backend, r.copied)
         (paths.pin_root(instance) / paths.LINKS_DIR).mkdir()
         removed = up.remove_old()
@@ -354,6 +373,7 @@ def test_the_next_layouts_table_migrates_entry_by_entry(instance: str) -> None:
                           snap.config.conn_timeouts)  # fmt: skip
         r = up.copy(dp.conns, new, "pass 1")
         assert (r.found, r.busy, r.stale, r.expired, r.evicted) == (len(old), 0, 0, 0, 0)
+        check_counters_carried(up, dp, paths.layout_dir(instance, abi.ABI_VERSION + 1))
         check_migrated(dp, old, r.no_backend, r.copied)
         # Flows the old program records after pass 1 (before the swap): pass 2 takes
         # exactly those, and leaves what the new program has recorded since.

@@ -141,6 +141,8 @@ class Runtime:
         try:
             n = self.apply(attach=False)
             self._copy_sessions(up, "pass 1")
+            carried = up.carry_counters(self.dp.maps)  # before the new program counts
+            log.info("upgrade: %d event and drop counters carried over", carried)
         except BaseException:
             self._abandon_upgrade()
             raise

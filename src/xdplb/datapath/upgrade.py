@@ -21,10 +21,11 @@ use when it names a backend, no ``gen`` means the current generation.
 from __future__ import annotations
 
 import dataclasses
+import enum
 import ipaddress
 import logging
 import struct
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -424,6 +425,53 @@ class OldTable(Closing):
         )
 
 
+#: Counters carried across by name: map -> (its enum in the old BTF, the enumerators'
+#: prefix, today's enum).
+COUNTERS: dict[str, tuple[str, str, type[enum.IntEnum]]] = {
+    "lb_events": ("xdplb_event", "XDPLB_EV_", abi.Event),
+    "lb_drops": ("xdplb_drop_reason", "XDPLB_DROP_", abi.DropReason),
+}
+
+
+def carry_counters(old: OldTable, new: Mapping[str, Map]) -> int:
+    """Add the old program's per-CPU event and drop counters to the new maps', matched by
+    enumerator name (a counter only one layout has is left). Only before the new program
+    runs: the writes are not atomic against it. Returns how many counters it carried."""
+    try:
+        btf, _ = layout.map_btf(old.maps["lb_conns"])
+    except (BtfError, XdplbError):
+        return 0
+    carried = 0
+    for name, (enum_name, prefix, today) in COUNTERS.items():
+        path = old.dir / name
+        if name not in new or not path.exists():
+            continue
+        try:
+            values = btf.enum_values(enum_name)
+        except BtfError:
+            continue
+        with Map.from_pinned(path) as src:
+            dst = new[name]
+            if not src.type.percpu or src.value_size != 8 or dst.value_size != 8:
+                continue
+            for ename, old_idx in values.items():
+                member = today.__members__.get(ename.removeprefix(prefix))
+                if member is None or not 0 <= old_idx < src.max_entries:
+                    continue
+                got = src.lookup_percpu(_U32.pack(old_idx))
+                have = dst.lookup_percpu(_U32.pack(int(member)))
+                if not got or not have or len(got) != len(have):
+                    continue
+                sums = [
+                    int.from_bytes(a, "little") + int.from_bytes(b, "little")
+                    for a, b in zip(got, have, strict=True)
+                ]
+                raw = b"".join(v.to_bytes(8, "little") for v in sums)
+                dst.update(_U32.pack(int(member)), raw)
+                carried += 1
+    return carried
+
+
 def copy_sessions(old: OldTable, new_conns: ConnTable, new_maps: NewMaps) -> CopyResult:
     """Import every live session of ``old`` into ``new_conns`` (replace=False), its
     backends mapped to the new maps' ids by address."""
@@ -538,6 +586,10 @@ class Upgrade(Closing):
             for f in dataclasses.fields(CopyResult):
                 setattr(total, f.name, getattr(total, f.name) + getattr(r, f.name))
         return total
+
+    def carry_counters(self, new: Mapping[str, Map]) -> int:
+        """:func:`carry_counters` from every old layout."""
+        return sum(carry_counters(o, new) for o in self.olds)
 
     def remove_old(self) -> int:
         """Close and remove every old layout's pins (never the links); how many."""
