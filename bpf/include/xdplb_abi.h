@@ -28,7 +28,7 @@ enum xdplb_abi {
 
 /*
  * Test builds of another layout, for the upgrade tests (tests/bpf/test_upgrade.py,
- * tests/e2e/test_upgrade.py); never shipped.  XDPLB_ABI_TEST_NEXT: the next layout
+ * tests/e2e/test_upgrade_lab.py); never shipped.  XDPLB_ABI_TEST_NEXT: the next layout
  * as a release would make it, a field added to the session entry.  XDPLB_ABI_TEST_BAD:
  * a layout the migration cannot read, a key field renamed (everywhere in the program,
  * so that it still builds).
