@@ -474,6 +474,9 @@ class LbMaps(Closing):
             "lb_nexthops": active,
             # A slot per VIP id and the global one, a counter per list in each.
             "lb_acl_hits": (len(vip_ids) + 1) * len(abi.AclList),
+            # Arrays too: a VIP's member states, a VIP's slot in the live index.
+            "lb_members": len(snap.members),
+            "lb_vip_index": len(snap.vips),
         }
         out = []
         for name in limits.SIZED_MAPS:
