@@ -6,6 +6,7 @@ and tests/bpf/test_malformed.py then pin the real program to the model.
 
 from __future__ import annotations
 
+import dataclasses
 import ipaddress
 import struct
 from dataclasses import replace
@@ -18,7 +19,15 @@ from hypothesis import strategies as st
 from xdplb import model as m
 from xdplb.core import abi, hashing
 from xdplb.core.addresses import IPAddress
-from xdplb.core.state import BackendState, ConnEntry, LbConfig, LookupTable, Vip, VipParams
+from xdplb.core.state import (
+    BackendState,
+    ConnEntry,
+    LbConfig,
+    LookupTable,
+    Vip,
+    VipParams,
+    filter_bits,
+)
 from xdplb.model import frames
 from xdplb.model.checksum import ipv4_checksum
 from xdplb.model.parse import ETH_P_8021AD, ETH_P_8021Q
@@ -236,9 +245,19 @@ def test_df_is_not_a_fragment() -> None:
 
 
 def test_fragment_uses_lb_vip_addrs_not_lb_vips() -> None:
-    s = state(vip_addrs=frozenset({OTHER4}))
+    # lb_vip_filter passes both addresses (as while a plan moves a VIP from one to the other).
+    s = state(vip_addrs=frozenset({OTHER4}), vip_filter=filter_bits({OTHER4, VIP4}))
     assert m.decide(s, fragment(OTHER4, 0x2000)).drop is abi.DropReason.FRAGMENT
     assert m.decide(s, fragment(VIP4, 0x2000)).events == (abi.Event.PASS_NOT_VIP,)
+
+
+def test_a_destination_outside_the_vip_filter_passes_at_once() -> None:
+    """Step 2': a destination whose lb_vip_filter bit is clear passes PASS_NOT_VIP before
+    anything else is read: not even a fragment lb_vip_addrs names is dropped."""
+    s = state(vip_addrs=frozenset({OTHER4}))
+    assert hashing.addr_filter_bit(OTHER4.packed) not in s.vip_filter_bits
+    assert m.decide(s, fragment(OTHER4, 0x2000)).events == (abi.Event.PASS_NOT_VIP,)
+    assert s.vip_filter_bits == filter_bits(v.addr for v in VIPS)
 
 
 # --- 5. L4 header ----------------------------------------------------------------------
@@ -455,10 +474,53 @@ def test_a_session_expires_after_its_states_timeout(st: abi.SessState) -> None:
 def test_apply_makes_the_next_packet_a_hit() -> None:
     f = flow()
     first = m.decide(S, frames.frame(f))
-    second = m.decide(m.apply(S, first), ack(f))
+    s1 = m.apply(S, first)
+    assert s1.conns[f.key()].state is abi.SessState.TCP_SYN
+    second = m.decide(s1, ack(f))
     assert second.events == (abi.Event.CONN_HIT,)
     assert (second.backend_id, second.gue_sport) == (first.backend_id, first.gue_sport)
-    assert m.apply(S, second) is S
+    # The ACK moves the SYN's session on (lb_sess_set_state); nothing else is written.
+    assert second.conn_insert is None and second.conn_update is not None
+    s2 = m.apply(s1, second)
+    assert s2.conns[f.key()] == ConnEntry(
+        first.backend_id, first.flow_hash, state=abi.SessState.TCP_EST
+    )
+    third = m.decide(s2, ack(f))
+    assert third.conn_update is None and m.apply(s2, third) is s2
+
+
+@pytest.mark.parametrize(
+    ("before", "flags", "after"),
+    [
+        (abi.SessState.TCP_SYN, 0x10, abi.SessState.TCP_EST),  # ACK
+        (abi.SessState.TCP_SYN, 0x12, abi.SessState.TCP_EST),  # SYN-ACK: not a SYN
+        (abi.SessState.TCP_EST, 0x11, abi.SessState.TCP_FIN),  # FIN
+        (abi.SessState.TCP_SYN, 0x04, abi.SessState.TCP_FIN),  # RST
+        (abi.SessState.TCP_FIN, 0x10, abi.SessState.TCP_FIN),  # closing stays closing
+        (abi.SessState.TCP_EST, 0x18, abi.SessState.TCP_EST),  # PSH-ACK
+    ],
+)
+def test_a_hit_moves_the_tcp_state(before: abi.SessState, flags: int, after: abi.SessState) -> None:
+    """lb_conn_lookup with touch: FIN or RST closes a session, anything else moves a SYN's
+    on to established; the update is reported only when something changes."""
+    f = flow()
+    s = state(conns={f.key(): ConnEntry(3, 7, state=before)})
+    d = m.decide(s, frames.frame(f, tcp_flags=flags))
+    assert d.events == (abi.Event.CONN_HIT,)
+    if after is before:
+        assert d.conn_update is None
+    else:
+        assert d.conn_update == (f.key(), ConnEntry(3, 7, state=after))
+
+
+def test_a_hit_refreshes_last_seen_when_the_model_has_a_clock() -> None:
+    f = flow(VIP4, 53, UDP)
+    conns = {f.key(): ConnEntry(1, 7, state=abi.SessState.UDP, last_seen=100)}
+    s = state(conns=conns, now=130, members={3: {1: abi.MemberState.ACTIVE}})
+    d = m.decide(s, frames.frame(f))
+    assert d.events == (abi.Event.CONN_HIT,)
+    assert d.conn_update == (f.key(), ConnEntry(1, 7, last_seen=130))
+    assert m.decide(dataclasses.replace(s, now=100), frames.frame(f)).conn_update is None
 
 
 # --- 9. Table --------------------------------------------------------------------------------

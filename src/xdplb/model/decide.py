@@ -21,6 +21,9 @@ def decide(state: DataplaneState, frame: bytes) -> Decision:
     parsed = parse_ip(frame)
     if isinstance(parsed, Decision):
         return parsed
+    # 2'. No VIP's address has the destination's lb_vip_filter bit: nothing else to see.
+    if not state.maybe_vip_addr(parsed.dst):
+        return PASS_NOT_VIP
     # 2a. The global ACL, for every packet to a VIP address.
     src = address(parsed.version, parsed.src)
     acl_hits, denied = check_acl(state, abi.ACL_GLOBAL, src, parsed, ())
@@ -57,7 +60,9 @@ def decide(state: DataplaneState, frame: bytes) -> Decision:
             vip_params=params,
             acl_hits=acl_hits,
         )
-    events, drop, flow_hash, bucket, hops, conn_insert = choose(state, params, key, flow, starts)
+    events, drop, flow_hash, bucket, hops, conn_insert, conn_update = choose(
+        state, params, key, flow, starts, p.tcp_flags
+    )
     if conn_insert is not None and state.over_budget and state.config.flood_max:
         # 9. Over the insert budget: balanced by the table, not recorded.
         events, conn_insert = (*events[:-1], abi.Event.CONN_FLOOD), None
@@ -65,19 +70,32 @@ def decide(state: DataplaneState, frame: bytes) -> Decision:
         return table_drop(drop, events, flow, vip, params, flow_hash, bucket, acl_hits)
     assert flow_hash is not None and hops
     return forward(
-        state, frame, p, flow, vip, params, flow_hash, bucket, hops, events, acl_hits, conn_insert
+        state,
+        frame,
+        p,
+        flow,
+        vip,
+        params,
+        flow_hash,
+        bucket,
+        hops,
+        events,
+        acl_hits,
+        conn_insert,
+        conn_update,
     )
 
 
 def apply(state: DataplaneState, decision: Decision) -> DataplaneState:
-    """The state after a decision: its connection-table insert applied.
+    """The state after a decision: its session-table insert or update applied.
 
-    Copies the connection table; for long packet sequences keep a dict and
-    insert ``decision.conn_insert`` into it yourself.
+    Copies the session table; for long packet sequences keep a dict and
+    write ``decision.conn_insert`` and ``decision.conn_update`` into it yourself.
     """
-    if decision.conn_insert is None:
+    written = [w for w in (decision.conn_insert, decision.conn_update) if w is not None]
+    if not written:
         return state
-    key, entry = decision.conn_insert
     conns = dict(state.conns)
-    conns[key] = entry
+    for key, entry in written:
+        conns[key] = entry
     return replace(state, conns=conns)

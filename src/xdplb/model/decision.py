@@ -71,6 +71,11 @@ class Decision:
     #: The entry inserted into ``lb_conns`` (key, value), on a table lookup that chose
     #: a backend (also when a later step drops the packet).
     conn_insert: tuple[bytes, ConnEntry] | None = None
+    #: The flow's session after a hit moved it on (key, value): ``last_seen`` refreshed
+    #: to the state's clock and the TCP state advanced (a SYN's session becomes
+    #: established, a FIN or RST closes it), as lb_sess_touch / lb_sess_set_state write
+    #: them; None when a hit changes neither.
+    conn_update: tuple[bytes, ConnEntry] | None = None
     #: Inner IP length, added to ``bytes`` of the VIP's and the backend's stats (step
     #: 10) whenever a backend was chosen; None when no stats move.
     stats_bytes: int | None = None

@@ -38,6 +38,7 @@ def forward(
     events: tuple[abi.Event, ...],
     acl_hits: tuple[tuple[int, abi.AclList], ...],
     conn_insert: tuple[bytes, ConnEntry] | None = None,
+    conn_update: tuple[bytes, ConnEntry] | None = None,
 ) -> Decision:
     """Steps 10-11 for a packet whose hops are chosen: encapsulated (the stats move
     before encapsulation can fail), or dropped ``NO_CONFIG`` without an outer source."""
@@ -56,6 +57,7 @@ def forward(
         gue_sport=gue_sport(flow_hash) if outer is not None else None,
         packet=outer + frame[p.l3 :] if outer is not None else None,
         conn_insert=conn_insert,
+        conn_update=conn_update,
         stats_bytes=p.ip_len,
         acl_hits=acl_hits,
     )

@@ -30,7 +30,8 @@ def predict_backend(state: DataplaneState, flow: Flow) -> int | None:
         return None
     _vip, params = hit
     starts = flow.proto != IPPROTO_TCP
-    _events, drop, _hash, _bucket, hops, _insert = choose(state, params, flow.key(), flow, starts)
+    choice = choose(state, params, flow.key(), flow, starts)
+    drop, hops = choice[1], choice[4]
     return None if drop is not None else hops[0]
 
 

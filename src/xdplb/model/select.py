@@ -3,11 +3,14 @@ or by hashing into the VIP's lookup table, with the hops of a Beamer bucket."""
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from xdplb.core import abi, hashing
 from xdplb.core.state import ConnEntry, VipParams, session_age
-from xdplb.model.parse import IPPROTO_TCP
+from xdplb.model.parse import IPPROTO_TCP, TCP_FIN, TCP_RST
 from xdplb.model.state import DataplaneState, Flow
 
+#: (events, drop, hash, bucket, hops, the session inserted, the session a hit moved on)
 _Choice = tuple[
     tuple[abi.Event, ...],
     abi.DropReason | None,
@@ -15,11 +18,11 @@ _Choice = tuple[
     int | None,
     tuple[int, ...],
     tuple[bytes, ConnEntry] | None,
+    tuple[bytes, ConnEntry] | None,
 ]
 
 
 _LIVE_MEMBERS = (abi.MemberState.ACTIVE, abi.MemberState.DRAINING)
-
 
 
 def session(
@@ -50,12 +53,34 @@ def session(
     return (abi.Event.CONN_HIT,), conn, hops
 
 
+def touched(state: DataplaneState, conn: ConnEntry, proto: int, tcp_flags: int) -> ConnEntry | None:
+    """A hit's session as the packet leaves it (lb_conn_lookup with touch): last_seen
+    refreshed to now, and for TCP a FIN or RST closes it (TCP_FIN), any other packet
+    moves a SYN's session to TCP_EST. None when nothing changes."""
+    st = conn.state
+    if proto == IPPROTO_TCP:
+        if tcp_flags & (TCP_FIN | TCP_RST):
+            st = abi.SessState.TCP_FIN
+        elif st == abi.SessState.TCP_SYN:
+            st = abi.SessState.TCP_EST
+    last_seen = conn.last_seen if state.now is None else state.now
+    if st == conn.state and last_seen == conn.last_seen:
+        return None
+    return replace(conn, state=st, last_seen=last_seen)
+
+
 def choose(
-    state: DataplaneState, params: VipParams, key: bytes, flow: Flow, starts: bool = True
+    state: DataplaneState,
+    params: VipParams,
+    key: bytes,
+    flow: Flow,
+    starts: bool = True,
+    tcp_flags: int = 0,
 ) -> _Choice:
     """Steps 8-9: the hops, or the drop reason; with the events counted on the way.
 
     ``starts``: the packet may start its connection (not TCP, or a SYN without ACK).
+    ``tcp_flags``: the packet's, which move a TCP session's state on a hit.
     """
     events: tuple[abi.Event, ...] = ()
     syn = flow.proto == IPPROTO_TCP and starts
@@ -63,11 +88,13 @@ def choose(
     if not syn:
         events, conn, hops = session(state, params, key, flow.proto)
         if conn is not None:
-            return (events, None, conn.hash, None, hops, None)
+            moved = touched(state, conn, flow.proto, tcp_flags)
+            update = (key, moved) if moved is not None else None
+            return (events, None, conn.hash, None, hops, None, update)
     # 9. Table.
     drop, flow_hash, bucket, hops = pick(state, params, flow)
     if drop is not None:
-        return (events, drop, flow_hash, bucket, (), None)
+        return (events, drop, flow_hash, bucket, (), None, None)
     # A mid-connection TCP flow of a Beamer VIP may be any hop's: its session keeps
     # them all. A SYN starts at the first hop, and host_tc takes other protocols there.
     beamer = params.table_kind == abi.TableKind.BEAMER
@@ -92,6 +119,7 @@ def choose(
         bucket,
         hops,
         (key, entry),
+        None,
     )
 
 

@@ -101,6 +101,9 @@ class DataplaneState:
     members: Mapping[int, Mapping[int, abi.MemberState]] = field(default_factory=dict)
     #: The session clock now (jiffies as a ``__u32``); None: no session is idle.
     now: int | None = None
+    #: ``lb_vip_filter``: the bits set (``hashing.addr_filter_bit``); None: what the
+    #: planner keeps it at, the bits of every VIP's address.
+    vip_filter: frozenset[int] | None = None
 
     # Indexes by raw bytes, built once: decide() runs per packet, hundreds of
     # thousands of times in the tests.  cached_property writes to __dict__, which
@@ -109,6 +112,18 @@ class DataplaneState:
     def vip_index(self) -> dict[tuple[int, bytes, int, int], tuple[Vip, VipParams]]:
         """``lb_vips`` by (family, raw address, port, proto): exact entries only."""
         return {(*_addr_key(v.addr), v.port, v.proto): (v, p) for v, p in self.vips.items()}
+
+    @cached_property
+    def vip_filter_bits(self) -> frozenset[int]:
+        """The bits of ``lb_vip_filter`` set: :attr:`vip_filter`, or its default."""
+        if self.vip_filter is not None:
+            return self.vip_filter
+        return frozenset(hashing.addr_filter_bit(v.addr.packed) for v in self.vips)
+
+    def maybe_vip_addr(self, addr: bytes) -> bool:
+        """Step 2': the address's ``lb_vip_filter`` bit is set (raw 4 or 16 bytes); clear
+        means no VIP has it."""
+        return hashing.addr_filter_bit(addr) in self.vip_filter_bits
 
     @cached_property
     def acl_index(self) -> AclIndex:
@@ -181,4 +196,5 @@ def state_from_snapshot(
         dict(snap.vip_addrs),
         acl=dict(snap.acl),
         members={k: dict(v) for k, v in snap.members.items()},
+        vip_filter=snap.vip_filter,
     )
