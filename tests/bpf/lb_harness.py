@@ -5,23 +5,33 @@ conftest.py turns these into fixtures; test modules import the types from here.
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import dataclasses
 import itertools
-import socket
+import mmap
 import struct
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
 import lb_fixtures as fx
 import numpy as np
 
-from xdplb.core import abi
-from xdplb.core.state import ConnEntry, LookupTable, Vip, vip_addr_infos
-from xdplb.datapath import BPF_F_INNER_MAP, BpfObject, Map, MapType, TestRunResult
-from xdplb.datapath.conns import ConnTable
-from xdplb.datapath.lb import TABLE_MAPS
+from xdplb.core import abi, hashing, mapops
+from xdplb.core.state import (
+    DEFAULT_TIMEOUTS,
+    LbConfig,
+    LookupTable,
+    Vip,
+    VipParams,
+    filter_bits,
+    timeout_ticks,
+    vip_addr_infos,
+)
+from xdplb.datapath import BPF_F_INNER_MAP, BpfObject, Map, MapType, TestRunResult, clock
+from xdplb.datapath.conns import ConnTable, Entry
+from xdplb.datapath.lb import MAP_NAMES, TABLE_MAPS, LbMaps
 
 #: A table as the harness installed it: first hops, later hops, kind.
 _TableDef = tuple[tuple[int, ...], tuple[tuple[int, ...], ...], abi.TableKind]
@@ -119,15 +129,29 @@ class Counters:
 
 
 class Lb:
-    """lb_xdp loaded, configured with the fixture lab, run inside the lab namespace."""
+    """lb_xdp loaded, configured with the fixture lab, run inside the lab namespace.
+
+    The maps are written the way the daemon writes them where the program reads a
+    derived form: VIPs through :class:`LbMaps` (``lb_vips``, then ``lb_vip_index``
+    rebuilt from it), ``lb_vip_filter`` and ``lb_members`` with the planner's ops.
+    """
 
     def __init__(self, obj: BpfObject, ns: LabNetns) -> None:
         self.obj = obj
         self.ns = ns
         self.env = fx.Env(lb_mac=ns.lb_mac)
         self.prog = obj.program("lb_xdp")
+        #: The object's maps as the daemon handles them (never closed: the object owns
+        #: the maps).
+        self.maps = LbMaps({n: obj.map(n) for n in MAP_NAMES})
+        #: The session table, mapped (``lb_conns``).
+        self.conns: ConnTable = self.maps.conns
         #: vip id -> (first hops, later hops, kind) of the table installed now.
         self._tables: dict[int, _TableDef] = {}
+        #: vip id -> the member states installed now.
+        self._members: dict[int, dict[int, abi.MemberState]] = {}
+        #: ``lb_config`` as last written.
+        self.config = LbConfig(None, None)
 
     # -- configuration -------------------------------------------------------------------
 
@@ -137,18 +161,22 @@ class Lb:
             m = self.obj.map(name)
             for key in list(m.keys()):
                 m.delete(key)
-        ConnTable(self.obj.map("lb_conns")).flush()
-        # Every lb_tables / lb_btables write waits for an RCU grace period (map-in-map):
-        # rewrite only the tables a test changed.
+        # No program runs on this table between cases: a wipe, not a generation.
+        self.conns.wipe()
+        # Every lb_tables / lb_btables / lb_members write waits for an RCU grace period
+        # (map-in-map): rewrite only the tables a test changed.
         wanted = {v.id for v in fx.VIPS.values() if v.backends}
         for vip_id in [i for i in self._tables if i not in wanted]:
             self.obj.map(TABLE_MAPS[self._tables.pop(vip_id)[2]]).delete(_u32(vip_id))
+        for vip_id in [i for i in self._members if i not in wanted]:
+            del self._members[vip_id]
+            self.maps.apply([mapops.DeleteMembers(vip_id)])
         self.set_config()
         for be in fx.BACKENDS.values():
             self.set_backend(be.id, active=be.active)
-        for vip in fx.VIPS.values():
-            self.put_vip(vip)
+        self.put_vips(fx.VIPS.values())
         self.set_vip_addrs()
+        self.set_vip_filter({v.addr for v in fx.VIPS.values()})
 
     def set_vip_addrs(self, **kw: Any) -> None:
         """lb_vip_addrs as the planner makes it for the fixture VIPs (``vip_addr_infos``
@@ -157,37 +185,79 @@ class Lb:
         for addr, info in vip_addr_infos(vips, **kw).items():
             self.obj.map("lb_vip_addrs").update(abi.Addr.make(addr).pack(), info.abi_value().pack())
 
-    def set_config(
-        self, *, src4: bool = True, src6: bool = True, seed: int = fx.SEED, flags: int = 0
-    ) -> None:
-        cfg = abi.Config(
-            src4=int.from_bytes(fx.LB_SRC4.packed, "little") if src4 else 0,
-            gue_port=socket.htons(fx.GUE_PORT),
-            hash_seed=seed,
-            conn_mask=self.obj.map("lb_conns").max_entries - 1,
-        )
-        cfg.flags = flags
-        if src6:
-            cfg.src6[:] = abi.addr_words(fx.LB_SRC6)
-        self.obj.map("lb_config").update(_u32(0), cfg.pack())
+    def set_vip_filter(self, addrs: Iterable[fx.IPAddress]) -> None:
+        """``lb_vip_filter`` with exactly the bits of ``addrs`` (planner op SetVipFilter)."""
+        self.maps.apply([mapops.SetVipFilter(filter_bits(addrs))])
 
-    def set_backend(self, be_id: int, *, active: bool = True) -> None:
+    def set_config(
+        self,
+        *,
+        src4: bool = True,
+        src6: bool = True,
+        seed: int = fx.SEED,
+        flags: int = 0,
+        **kw: Any,
+    ) -> LbConfig:
+        """``lb_config``: the fixture's addresses and seed, no insert budget, the default
+        session timeouts at the kernel's HZ; ``kw``: other :class:`LbConfig` fields
+        (``conn_gen``, ``conn_timeouts``, ``flood_max``, ...)."""
+        hz = clock.hz()
+        fields: dict[str, Any] = {
+            "gue_port": fx.GUE_PORT,
+            "seed": seed,
+            "conn_mask": self.obj.map("lb_conns").max_entries - 1,
+            "flood_max": 0,
+            "flags": flags,
+            "conn_timeouts": tuple(timeout_ticks(s, hz) for s in DEFAULT_TIMEOUTS),
+            "hz": hz,
+        }
+        fields.update(kw)
+        self.config = LbConfig(
+            fx.LB_SRC4 if src4 else None,
+            fx.LB_SRC6 if src6 else None,
+            **fields,
+        )
+        self.maps.apply([mapops.SetConfig(self.config)])
+        return self.config
+
+    def update_config(self, **kw: Any) -> LbConfig:
+        """``lb_config`` as it is, with ``kw`` (:class:`LbConfig` fields) changed."""
+        self.config = dataclasses.replace(self.config, **kw)
+        self.maps.apply([mapops.SetConfig(self.config)])
+        return self.config
+
+    def set_backend(self, be_id: int, *, active: bool = True, gen: int = 0) -> None:
         be = fx.BACKENDS[be_id]
         flags = abi.BACKEND_F_ACTIVE if active else 0
-        self.obj.map("lb_backends").update(_u32(be_id), abi.Backend.make(be.addr, flags).pack())
+        self.obj.map("lb_backends").update(
+            _u32(be_id), abi.Backend.make(be.addr, flags, gen).pack()
+        )
 
     def put_vip(self, vip: fx.VipDef) -> None:
-        info = abi.VipInfo(
-            vip.id, vip.flags, fx.TABLE_SIZE if vip.backends else 0, vip.encap, vip.table_kind
-        )
-        key = abi.VipKey.make(vip.addr, vip.port, vip.proto)
-        self.obj.map("lb_vips").update(key.pack(), info.pack())
-        if vip.backends is not None and self._tables.get(vip.id) != (
-            vip.backends,
-            vip.rest,
-            vip.table_kind,
-        ):
-            self.set_table(vip.id, vip.backends, vip.rest, kind=vip.table_kind)
+        self.put_vips([vip])
+
+    def put_vips(self, vips: Iterable[fx.VipDef]) -> None:
+        """``lb_vips`` entries (``lb_vip_index`` rebuilt once after them), each VIP's table
+        and its members (every backend its table names ACTIVE)."""
+        ops: list[mapops.Op] = []
+        for vip in vips:
+            params = VipParams(
+                vip.id,
+                vip.flags,
+                fx.TABLE_SIZE if vip.backends else 0,
+                vip.encap,
+                vip.table_kind,
+            )
+            ops.append(mapops.PutVip(Vip(vip.addr, vip.port, vip.proto), params))
+            if vip.backends is not None and self._tables.get(vip.id) != (
+                vip.backends,
+                vip.rest,
+                vip.table_kind,
+            ):
+                self.set_table(vip.id, vip.backends, vip.rest, kind=vip.table_kind)
+            elif vip.backends is not None:
+                self.set_members(vip.id, _table_members(vip.backends, vip.rest))
+        self.maps.apply(ops)
 
     def set_table(
         self,
@@ -196,9 +266,11 @@ class Lb:
         rest: Iterable[tuple[int, ...]] = (),
         *,
         kind: abi.TableKind = abi.TableKind.MAGLEV,
+        members: dict[int, abi.MemberState] | None = None,
     ) -> None:
         """A fresh inner table (bucket i -> first[i % n], then rest[i % m]), swapped into
-        the outer map of ``kind`` (a Maglev table has no later hops)."""
+        the outer map of ``kind`` (a Maglev table has no later hops); then the VIP's
+        members: ``members``, or every backend the table names ACTIVE."""
         first, rest = tuple(first), tuple(tuple(r) for r in rest)
         old = self._tables.get(vip_id)
         if old is not None and old[2] != kind:
@@ -221,6 +293,18 @@ class Lb:
         ) as inner:
             inner.update_array(table.contents(kind))
             self.obj.map(TABLE_MAPS[kind]).update(_u32(vip_id), _u32(inner.fd))
+        self.set_members(vip_id, members if members is not None else _table_members(first, rest))
+
+    def set_members(self, vip_id: int, states: dict[int, abi.MemberState]) -> None:
+        """``lb_members[vip_id]`` (planner op PutMembers), if it is not that already."""
+        if self._members.get(vip_id) == states:
+            return
+        self._members[vip_id] = dict(states)
+        self.maps.apply([mapops.PutMembers(vip_id, states)])
+
+    def set_member(self, vip_id: int, be_id: int, state: abi.MemberState) -> None:
+        """One backend's state in a VIP, the others' as they are."""
+        self.set_members(vip_id, {**self._members.get(vip_id, {}), be_id: state})
 
     # -- running and reading -------------------------------------------------------------
 
@@ -237,10 +321,50 @@ class Lb:
             {b: _sum_stats(bs, b) for b in fx.BACKENDS},
         )
 
-    def conn(self, frame: bytes) -> ConnEntry | None:
-        """The connection-table entry of a frame's flow, if any."""
-        src, dst, sport, dport, proto, _ = fx.flow_of(frame)
-        key = abi.FlowKey.make(src, dst, sport, dport, proto).pack()
-        cfg = abi.Config.from_buffer_copy(self.obj.map("lb_config").lookup(_u32(0)) or bytes(28))
-        entry = ConnTable(self.obj.map("lb_conns")).get(key, cfg.hash_seed)
-        return None if entry is None else ConnEntry(*entry)
+    def conn(self, frame: bytes) -> Entry | None:
+        """The session of a frame's flow as lb_xdp's lookup finds it (live or not)."""
+        return self.conns.get(key_of(frame), self.config.seed)
+
+    def set_of(self, frame: bytes) -> int:
+        """The session-table set of a frame's flow."""
+        return hashing.sess_hash(key_of(frame), self.config.seed) & self.conns.mask
+
+    @contextlib.contextmanager
+    def holding(self, set_index: int) -> Iterator[None]:
+        """Hold a set's claim from user space while the block runs, as a writer in the
+        middle of its write would: seq made odd, then even again (+2) afterwards.
+
+        Test-only: plain stores through a mapping of our own, no compare-and-swap, so
+        only while no program runs on the set concurrently (single-threaded test_run).
+        Real writers claim with sessions.c's atomics (ConnTable.import_sessions)."""
+        off = set_index * ctypes.sizeof(abi.ConnSet)
+        m = self.obj.map("lb_conns")
+        with mmap.mmap(m.fd, m.max_entries * m.value_size, mmap.MAP_SHARED) as mm:
+            (seq,) = struct.unpack_from("<Q", mm, off)
+            assert seq % 2 == 0, f"set {set_index} is held already (seq {seq})"
+            struct.pack_into("<Q", mm, off, seq + 1)
+            try:
+                yield
+            finally:
+                struct.pack_into("<Q", mm, off, seq + 2)
+
+    def seq(self, set_index: int) -> int:
+        """A set's claim word (``xdplb_conn_meta.seq``), read through the map."""
+        raw = self.obj.map("lb_conns").lookup(_u32(set_index))
+        assert raw is not None
+        return int(abi.ConnSet.from_buffer_copy(raw).meta.seq)
+
+
+def key_of(frame: bytes) -> bytes:
+    """The flow key (``struct xdplb_flow_key``) of a frame's inner packet."""
+    src, dst, sport, dport, proto, _ = fx.flow_of(frame)
+    return abi.FlowKey.make(src, dst, sport, dport, proto).pack()
+
+
+def _table_members(
+    first: Iterable[int], rest: Iterable[tuple[int, ...]] = ()
+) -> dict[int, abi.MemberState]:
+    """Every backend a table names, ACTIVE (the planner's members of a VIP whose backends
+    all have a weight)."""
+    ids = {*first, *(h for r in rest for h in r)}
+    return {b: abi.MemberState.ACTIVE for b in sorted(ids) if b}

@@ -60,8 +60,8 @@ def test_new_flow_every_iteration_sees_the_original_packet(harness: bh.Harness) 
     run = harness.measure("ipv4_new_flow", N)
     after = harness._lb_counters()
     assert run.valid, run.problems
-    # Every iteration was a new flow that was encapsulated and sent back out ...
-    assert run.counter_deltas == {"CONN_MISS": N, "TX": N}
+    # Every iteration was a new flow that was recorded, encapsulated and sent back out ...
+    assert run.counter_deltas == {"CONN_MISS": N, "CONN_INSERT": N, "TX": N}
     # ... measure() ran one more plain run after its window (a hit on the last flow).
     assert after["CONN_MISS"] - before["CONN_MISS"] == N
     assert after["CONN_HIT"] - before["CONN_HIT"] == 1
@@ -146,7 +146,7 @@ def test_new_flow_flood_is_balanced_but_not_recorded(harness: bh.Harness) -> Non
     harness._ctr = first + n
     assert res.retval == bh.XDP_TX
     deltas = {k: after[k] - before[k] for k in after if after[k] != before[k]}
-    assert deltas == {"CONN_MISS": n, "TX": n, "CONN_FLOOD": n - budget}
+    assert deltas == {"CONN_MISS": n, "CONN_INSERT": budget, "TX": n, "CONN_FLOOD": n - budget}
     conns, seed = harness.lb.conns, harness.lb.snapshot().config.seed
     assert conns.get(bh.flow_key(bh.varied(case.packet, first + n - 1)), seed) is None
     assert conns.get(bh.flow_key(bh.varied(case.packet, first)), seed) is not None

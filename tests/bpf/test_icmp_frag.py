@@ -91,7 +91,7 @@ def test_extension_headers_are_walked_to_tcp(lb: Lb) -> None:
     want = fx.Expect(
         fx.XDP_TX,
         fx.encapsulated(frame, vip, be, h, eth_dst=be.mac, eth_src=lb.env.lb_mac),
-        events={Event.CONN_MISS: 1, Event.TX: 1},
+        events={**fx.NEW_FLOW, Event.TX: 1},
         vip_stats={vip.id: (1, ip_len, 1)},
         be_stats={be.id: (1, ip_len, 1)},
     )
@@ -349,7 +349,7 @@ def test_too_big_is_answered_when_configured(lb: Lb) -> None:
         want = fx.Expect(
             fx.XDP_TX,
             bytes(reply),
-            events={Event.CONN_MISS: 1, Event.ICMP_PTB: 1},
+            events={**fx.NEW_FLOW, Event.ICMP_PTB: 1},
             vip_stats={vip.id: (1, ip_len, 1)},
             be_stats={be.id: (1, ip_len, 1)},
         )
@@ -367,7 +367,7 @@ def test_too_big_without_df_is_still_dropped(lb: Lb) -> None:
     assert r.retval == fx.XDP_DROP
     delta = lb.counters() - before
     assert delta.named()["drops"] == {"TOO_BIG": 1}
-    assert delta.named()["events"] == {"CONN_MISS": 1}
+    assert delta.named()["events"] == {"CONN_MISS": 1, "CONN_INSERT": 1}
     assert delta.be_stats == {be.id: (1, len(frame) - 14, 1)}
 
 
@@ -503,9 +503,7 @@ def test_random_fragments_quotes_and_chains_match_the_model(mlb: ModelLb) -> Non
             infos[addr].nvips, infos[addr].frag_tcp, infos[addr].frag_udp, True
         )
     conns: dict[bytes, ConnEntry] = {}
-    state = model.DataplaneState(
-        state.vips, state.backends, state.tables, state.config, conns, infos
-    )
+    state = dataclasses.replace(state, conns=conns, vip_addrs=infos)
     mlb.load_state(state)
     ev0 = mlb.counters("lb_events", len(abi.Event))
     dr0 = mlb.counters("lb_drops", len(abi.DropReason))

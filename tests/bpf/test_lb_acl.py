@@ -150,7 +150,9 @@ def run(
     return verdict, d["events"], d["drops"], dh  # type: ignore[return-value]
 
 
-FWD = {"CONN_MISS": 1, "TX": 1}
+FWD = {"CONN_MISS": 1, "CONN_INSERT": 1, "TX": 1}
+#: A new flow over the insert budget: balanced, not recorded.
+FLOOD = {"CONN_MISS": 1, "CONN_FLOOD": 1, "TX": 1}
 ACL_DROP = {"ACL": 1}
 
 
@@ -345,7 +347,7 @@ def test_insert_budget_from_config(acl_lb: Lb, one_cpu: None) -> None:
     for f in frames[:2]:
         assert run(acl_lb, f)[:3] == (fx.XDP_TX, FWD, {})
     for f in frames[2:]:
-        assert run(acl_lb, f)[:3] == (fx.XDP_TX, {"CONN_FLOOD": 1, **FWD}, {})
+        assert run(acl_lb, f)[:3] == (fx.XDP_TX, FLOOD, {})
     assert [acl_lb.conn(f) is not None for f in frames] == [True, True, False, False]
 
 

@@ -128,19 +128,41 @@ def test_new_flow_is_recorded_with_its_hash(lb: Lb) -> None:
     assert (conn.backend_id, conn.hash) == (be_id, h)
 
 
-def test_beamer_records_only_connections_that_start_on_the_first_hop(lb: Lb) -> None:
-    """A mid-flow TCP packet of a Beamer VIP may be a later hop's: forwarded with every
-    hop, every time, and never recorded; a SYN is recorded as usual."""
+def test_beamer_records_a_mid_connection_flow_with_its_hops(lb: Lb) -> None:
+    """A mid-flow TCP packet of a Beamer VIP may be any hop's: it is recorded with the
+    bucket's usable later hops (state TCP_EST), and its next packet, a hit, carries the
+    same GUE hop list. A SYN starts at the first hop: recorded with that hop alone, so
+    its connection's next packet goes to the first hop with a one-hop list."""
     vip = fx.VIPS["beamer"]
     ack_pkt = fx.client_frame(vip.addr, vip.port, sport=42001, lb_mac=lb.env.lb_mac)
     ack_pkt[TCP].flags = "A"  # from a connection made before this LB knew the flow
     ack = bytes(ack_pkt)
-    for _ in range(2):
-        run_case(lb, ack, fx._beamer(lb.env, ack))
-        assert lb.conn(ack) is None
+    hops = fx.beamer_hops(ack, vip)
+    assert len(hops) == 2
+    run_case(lb, ack, fx._beamer(lb.env, ack))
+    conn = lb.conn(ack)
+    assert conn is not None
+    assert conn.hops == tuple(b.id for b in hops)
+    assert conn.state is abi.SessState.TCP_EST
+    assert conn.hash == fx.hash_of(ack, vip)
+    first = fx._beamer(lb.env, ack)
+    ip_len = fx.flow_of(ack)[5]
+    hit = dataclasses.replace(
+        first,
+        events={Event.CONN_HIT: 1, Event.TX: 1},
+        vip_stats={vip.id: (1, ip_len, 0)},
+        be_stats={hops[0].id: (1, ip_len, 0)},
+    )
+    run_case(lb, ack, hit)  # the same bytes as the first: the same hop list
+
     syn = _frame(lb, "beamer", sport=42000)
     run_case(lb, syn, fx._beamer(lb.env, syn))
-    assert lb.conn(syn) is not None
+    conn = lb.conn(syn)
+    assert conn is not None and conn.hops == (hops[0].id,)
+    assert conn.state is abi.SessState.TCP_SYN
+    h = fx.hash_of(syn, vip)
+    ack2 = _frame(lb, "beamer", sport=42000, flags="A")
+    run_case(lb, ack2, _known_flow(lb, ack2, vip, fx.beamer_hops(syn, vip)[0].id, h))
 
 
 def test_beamer_hop_lists_of_every_length(lb: Lb) -> None:
@@ -196,53 +218,100 @@ def test_second_packet_hits_the_connection_table_after_a_table_change(lb: Lb) ->
     want = fx.Expect(
         fx.XDP_TX,
         fx.encapsulated(frame, vip, be, h, eth_dst=be.mac, eth_src=lb.env.lb_mac),
-        events={Event.CONN_MISS: 1, Event.TX: 1},
+        events={**fx.NEW_FLOW, Event.TX: 1},
         vip_stats={vip.id: (1, ip_len, 1)},
         be_stats={other: (1, ip_len, 1)},
     )
     run_case(lb, frame, want)
     conn = lb.conn(frame)
     assert conn is not None and conn.backend_id == other
+    assert conn.state is abi.SessState.TCP_SYN
+    assert sum(1 for e in lb.conns.iter_entries() if e.key == conn.key) == 1
 
 
-def test_stale_entry_rehashes_to_an_active_backend(lb: Lb) -> None:
+def test_tcp_session_outlives_its_backend_leaving(lb: Lb) -> None:
+    """Issue 11: established TCP connections keep going where they started. The backend
+    leaves the VIP's table and its members and its slot goes inactive (the planner's
+    DeleteBackend): a mid-connection packet still hits its session and goes to it; a SYN
+    of the same 5-tuple (a reused port) follows the table."""
     vip = fx.VIPS["tcp6"]
-    frame = _frame(lb, "tcp6", sport=42000)
+    syn = _frame(lb, "tcp6", sport=42000)
+    be_id, h = fx.pick(syn, vip)
+    assert lb.run(syn).retval == fx.XDP_TX
+
+    other = next(b for b in fx.V6_BES if b != be_id)
+    lb.set_table(vip.id, [other])
+    lb.set_backend(be_id, active=False)
+    ack = _frame(lb, "tcp6", sport=42000, flags="A")
+    run_case(lb, ack, _known_flow(lb, ack, vip, be_id, h))
+    conn = lb.conn(ack)
+    assert conn is not None and conn.backend_id == be_id
+    assert conn.state is abi.SessState.TCP_EST  # the ACK moved it on
+
+    be = fx.BACKENDS[other]
+    assert be.mac is not None
+    ip_len = fx.flow_of(syn)[5]
+    want = fx.Expect(
+        fx.XDP_TX,
+        fx.encapsulated(syn, vip, be, h, eth_dst=be.mac, eth_src=lb.env.lb_mac),
+        events={**fx.NEW_FLOW, Event.TX: 1},
+        vip_stats={vip.id: (1, ip_len, 1)},
+        be_stats={other: (1, ip_len, 1)},
+    )
+    run_case(lb, syn, want)
+    conn = lb.conn(syn)
+    assert conn is not None and (conn.backend_id, conn.state) == (other, abi.SessState.TCP_SYN)
+
+
+def test_stale_udp_session_rehashes_to_an_active_backend(lb: Lb) -> None:
+    """A UDP session whose backend has left the VIP (members NONE, slot inactive) is
+    stale: the packet is hashed into the table again and its insert replaces it."""
+    vip = fx.VIPS["udp6"]
+    frame = _frame(lb, "udp6", sport=42000)
     be_id, h = fx.pick(frame, vip)
     assert lb.run(frame).retval == fx.XDP_TX
 
     other = next(b for b in fx.V6_BES if b != be_id)
     lb.set_table(vip.id, [other])
     lb.set_backend(be_id, active=False)
-    frame = _frame(lb, "tcp6", sport=42000, flags="A")
     be = fx.BACKENDS[other]
     assert be.mac is not None
     ip_len = fx.flow_of(frame)[5]
     want = fx.Expect(
         fx.XDP_TX,
         fx.encapsulated(frame, vip, be, h, eth_dst=be.mac, eth_src=lb.env.lb_mac),
-        events={Event.CONN_STALE: 1, Event.CONN_MISS: 1, Event.TX: 1},
+        events={Event.CONN_STALE: 1, **fx.NEW_FLOW, Event.TX: 1},
         vip_stats={vip.id: (1, ip_len, 1)},
         be_stats={other: (1, ip_len, 1)},
     )
+    before = lb.conn(frame)
+    assert before is not None
     run_case(lb, frame, want)
     conn = lb.conn(frame)
     assert conn is not None and (conn.backend_id, conn.hash) == (other, h)
-    # The replaced entry is now a plain hit.
+    assert (conn.set, conn.way) == (before.set, before.way)  # replaced in place
+    # The replaced session is now a plain hit.
     run_case(lb, frame, _known_flow(lb, frame, vip, other, h))
 
 
-def test_stale_entry_with_no_active_backend_left_is_dropped(lb: Lb) -> None:
-    vip = fx.VIPS["tcp4"]
-    frame = _frame(lb, "tcp4", sport=42500)
-    be_id, _ = fx.pick(frame, vip)
+@pytest.mark.parametrize("proto", ["udp4", "tcp4"])
+def test_stale_session_with_no_active_backend_left_is_dropped(lb: Lb, proto: str) -> None:
+    """The VIP's one backend is down (members DOWN, slot inactive, the table still names
+    it): a UDP session is stale and its re-hash finds no backend; a TCP session is not
+    judged by its backend's state in the VIP, so its connection goes on."""
+    vip = fx.VIPS[proto]
+    frame = _frame(lb, proto, sport=42500)
+    be_id, h = fx.pick(frame, vip)
     assert lb.run(frame).retval == fx.XDP_TX
     lb.set_backend(be_id, active=False)
-    lb.set_table(vip.id, [be_id])
-    frame = _frame(lb, "tcp4", sport=42500, flags="A")
-    want = fx.Expect(
-        fx.XDP_DROP, frame, events={Event.CONN_STALE: 1}, drops={DropReason.NO_BACKEND: 1}
-    )
+    lb.set_table(vip.id, [be_id], members={be_id: abi.MemberState.DOWN})
+    frame = _frame(lb, proto, sport=42500, flags="A")
+    if proto == "udp4":
+        want = fx.Expect(
+            fx.XDP_DROP, frame, events={Event.CONN_STALE: 1}, drops={DropReason.NO_BACKEND: 1}
+        )
+    else:
+        want = _known_flow(lb, frame, vip, be_id, h)
     run_case(lb, frame, want)
 
 
@@ -282,7 +351,12 @@ def test_stats_add_up_over_many_flows(lb: Lb) -> None:
     assert len(per_backend) == 3, "40 flows over 3 backends should use them all"
     assert delta.vip_stats == {vip.id: (80, total_bytes, 40)}
     assert delta.be_stats == {k: tuple(v) for k, v in per_backend.items()}
-    assert delta.events == {Event.CONN_MISS: 40, Event.CONN_HIT: 40, Event.TX: 80}
+    assert delta.events == {
+        Event.CONN_MISS: 40,
+        Event.CONN_INSERT: 40,
+        Event.CONN_HIT: 40,
+        Event.TX: 80,
+    }
     assert delta.drops == {}
 
 
@@ -294,7 +368,7 @@ def test_missing_outer_source_address_is_no_config(lb: Lb) -> None:
     want = fx.Expect(
         fx.XDP_DROP,
         frame,
-        events={Event.CONN_MISS: 1},
+        events={**fx.NEW_FLOW},
         drops={DropReason.NO_CONFIG: 1},
         vip_stats={fx.VIPS["tcp6"].id: (1, ip_len, 1)},
         be_stats={be_id: (1, ip_len, 1)},
