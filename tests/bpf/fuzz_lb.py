@@ -42,6 +42,7 @@ from collections import Counter
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field, replace
 from pathlib import Path
+from typing import Any
 
 import fuzz_strategies as fs
 import numpy as np
@@ -53,10 +54,12 @@ from test_differential import (
     ModelLb,
     check_forward,
     drop_deltas,
+    entry_of_record,
     event_deltas,
     hexdiff,
     make_state,
     read_stats,
+    record,
     stats_deltas,
     stats_diff,
 )
@@ -65,9 +68,10 @@ from xdplb import model
 from xdplb.core import abi, hashing, paths
 from xdplb.core.acl import AclKey
 from xdplb.core.errors import BpfError
-from xdplb.core.state import ConnEntry, vip_addr_infos
-from xdplb.datapath import BPF_F_LOCK, BpfObject
-from xdplb.datapath.conns import SET_DTYPE, ConnTable
+from xdplb.core.state import ConnEntry, filter_bits, vip_addr_infos
+from xdplb.datapath import BpfObject
+from xdplb.datapath.clock import now_ticks
+from xdplb.datapath.conns import ImportResult, key_of, session
 from xdplb.datapath.testrun import TestRunResult
 from xdplb.lab import netns
 
@@ -92,7 +96,8 @@ def degraded_state() -> model.DataplaneState:
     """The differential state gone wrong in the ways the program must survive: backend 2
     inactive though tables name it (NO_BACKEND), VIP 4's table missing (NO_TABLE), no
     IPv6 outer source (NO_CONFIG for IPv6 backends), and lb_vip_addrs holding two
-    addresses with no VIP on them (fragments and broken L4 to them are dropped)."""
+    addresses with no VIP on them (fragments and broken L4 to them are dropped: the
+    VIP filter has their bits too, as it would while a plan removes them)."""
     state = differential_state()
     backends = dict(state.backends)
     backends[2] = replace(backends[2], active=False)
@@ -104,6 +109,7 @@ def degraded_state() -> model.DataplaneState:
         tables=tables,
         config=replace(state.config, src6=None),
         vip_addrs=frozenset({v.addr for v in state.vips} | extra),
+        vip_filter=filter_bits({v.addr for v in state.vips} | extra),
     )
 
 
@@ -252,7 +258,8 @@ class Problem:
     expected: str  # Decision.describe()
     retval: int
     output: str  # hex
-    conns: list[tuple[str, int, int]] = field(default_factory=list)  # (key hex, backend, hash)
+    #: The sessions it ran against: (key hex, backend, hash[, later hops, state]).
+    conns: list[tuple[Any, ...]] = field(default_factory=list)
     state: str = "differential-v1"
 
 
@@ -305,9 +312,9 @@ class Checker:
     # -- the connection tables ------------------------------------------------------------
 
     def _flush(self) -> None:
-        """Empty both connection tables (each set zeroed under its lock) and start a chunk."""
-        m = self.mlb.obj.map("lb_conns")
-        m.update_array(bytes(m.value_size * m.max_entries), BPF_F_LOCK)
+        """Empty both session tables and start a chunk (a wipe: between packets no
+        program runs on the table)."""
+        self.mlb.table.wipe()
         self._start_chunk()
 
     def _start_chunk(self) -> None:
@@ -328,28 +335,21 @@ class Checker:
         )
 
     def _set_of(self, key: bytes) -> int:
-        return hashing.flow_hash(key, self.seed) & self.mask
+        return hashing.sess_hash(key, self.seed) & self.mask
 
     def _table(self) -> dict[bytes, ConnEntry]:
-        """The program's entries in the touched sets (reading all 2^16 sets takes 0.4 s)."""
-        m = self.mlb.obj.map("lb_conns")
+        """The program's sessions in the touched sets, untimed (reading all 2^16 sets
+        takes longer than a chunk)."""
         out = {}
         for idx in sorted(self._touched):
-            raw = m.lookup(idx.to_bytes(4, "little"), BPF_F_LOCK)
-            assert raw is not None
-            rec = np.frombuffer(raw, dtype=SET_DTYPE)[0]
-            for w in np.flatnonzero(rec["backend_id"]):
-                key = bytes(rec["slot"][w])[: hashing.FLOW_KEY_SIZE]
-                out[key] = ConnEntry(int(rec["backend_id"][w]), int(rec["hash"][w]))
+            recs, _ = self.mlb.table.read(idx, 1)
+            for rec in recs:
+                out[key_of(rec)] = entry_of_record(rec)
         return out
 
     def _clear_touched(self) -> None:
-        """Empty the touched sets only (a whole-table write takes 50 ms), start a chunk."""
-        m = self.mlb.obj.map("lb_conns")
-        empty = bytes(m.value_size)
-        for idx in self._touched:
-            m.update(idx.to_bytes(4, "little"), empty, BPF_F_LOCK)
-        self._start_chunk()
+        """Empty the table (a memset of the mapping: a few ms), start a chunk."""
+        self._flush()
 
     def _would_evict(self, key: bytes) -> bool:
         """Whether inserting ``key`` would push a fifth flow into its set (the program
@@ -382,9 +382,9 @@ class Checker:
             self.result.problems.append(self._problem(frame, d, r, problem))
         self._chunk.append(frame)
         self._decisions.append(d)
+        record(self.conns, d)
         if d.conn_insert is not None:
-            key, entry = d.conn_insert
-            self.conns[key] = entry
+            key = d.conn_insert[0]
             self._sets.setdefault(self._set_of(key), set()).add(key)
         if d.flow is not None:
             self._touched.add(self._set_of(d.flow.key()))
@@ -403,7 +403,10 @@ class Checker:
         return problem
 
     def _problem(self, frame: bytes, d: model.Decision, r: TestRunResult, detail: str) -> Problem:
-        conns = [(k.hex(), e.backend_id, e.hash) for k, e in self._relevant_conns(frame).items()]
+        conns = [
+            (k.hex(), e.backend_id, e.hash, list(e.later), int(e.state))
+            for k, e in self._relevant_conns(frame).items()
+        ]
         return Problem(
             frame.hex(), detail, d.describe(), r.retval, r.data.hex(), conns, self.state_id
         )
@@ -461,8 +464,7 @@ class Checker:
                     f"program {got} {stats_diff(st, st0)}"
                 )
                 self.result.problems.append(self._problem(frame, d, r, detail))
-            if d.conn_insert is not None:
-                self.conns[d.conn_insert[0]] = d.conn_insert[1]
+            record(self.conns, d)
 
     def _report_table_difference(self, table: dict[bytes, ConnEntry]) -> None:
         keys = set(table) ^ set(self.conns)
@@ -680,12 +682,22 @@ def replay(mlb: ModelLb, case: Problem, host: BpfObject | None = None) -> str | 
     and today's model agree on it (verdict, bytes, counters, table; with ``host``, the
     host_tc checks too)."""
     checker = Checker(mlb, case.state, host, host_every=1)
-    table = ConnTable(mlb.obj.map("lb_conns"))
-    for key_hex, backend, hash_ in case.conns:
+    cfg = checker.state.config
+    sessions = []
+    for key_hex, backend, hash_, *rest in case.conns:
         key = bytes.fromhex(key_hex)
-        table.put(key, backend, hash_, checker.seed)
-        checker.conns[key] = ConnEntry(backend, hash_)
+        # Cases from before sessions had a state: a TCP flow's is mid-connection.
+        tcp = key[36] == abi.IPPROTO_TCP
+        default = abi.SessState.TCP_EST if tcp else abi.SessState.UDP
+        later = tuple(rest[0]) if rest else ()
+        st = abi.SessState(rest[1]) if len(rest) > 1 else default
+        sessions.append(session(key, [backend, *later], hash_, st, now_ticks()))
+        checker.conns[key] = ConnEntry(backend, hash_, later, st)
         checker._touched.add(checker._set_of(key))
+    results = mlb.table.import_sessions(
+        sessions, seed=cfg.seed, gen=cfg.conn_gen, timeouts=cfg.conn_timeouts
+    )
+    assert all(r is ImportResult.WRITTEN for r in results), results
     frame = bytes.fromhex(case.frame)
     checker.run(frame)
     checker.end_chunk()

@@ -19,8 +19,9 @@ import ctypes
 import ipaddress
 import struct
 from collections import Counter
-from collections.abc import Iterator
-from dataclasses import dataclass, replace
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass, field, replace
+from functools import cached_property
 from typing import Any
 
 import lb_fixtures as fx
@@ -28,12 +29,22 @@ import numpy as np
 import pytest
 
 from xdplb import model
-from xdplb.core import abi
+from xdplb.core import abi, mapops
 from xdplb.core.acl import rule_value
-from xdplb.core.state import BackendState, ConnEntry, LbConfig, LookupTable, Vip, VipParams
-from xdplb.datapath import BPF_F_INNER_MAP, BpfObject, Map, MapType
-from xdplb.datapath.conns import ConnTable
-from xdplb.datapath.lb import TABLE_MAPS
+from xdplb.core.state import (
+    DEFAULT_TIMEOUTS,
+    BackendState,
+    ConnEntry,
+    LbConfig,
+    LookupTable,
+    Vip,
+    VipParams,
+    timeout_ticks,
+)
+from xdplb.datapath import BPF_F_INNER_MAP, BpfObject, Map, MapType, clock
+from xdplb.datapath import conns as conns_mod
+from xdplb.datapath.conns import ConnTable, Entry, ImportResult
+from xdplb.datapath.lb import MAP_NAMES, TABLE_MAPS, LbMaps
 from xdplb.datapath.testrun import TestRunResult
 from xdplb.model import frames
 from xdplb.model.parse import ETH_P_IP, ETH_P_IPV6
@@ -97,6 +108,19 @@ class ModelLb:
     ifindex: int
     mac: bytes
     inner_maps: list[Map]
+    #: vip id -> the lb_members states written last (each write waits for RCU).
+    members: dict[int, dict[int, abi.MemberState]] = field(default_factory=dict)
+
+    @cached_property
+    def maps(self) -> LbMaps:
+        """The object's maps as the daemon handles them (not closed: the object owns
+        them)."""
+        return LbMaps({n: self.obj.map(n) for n in MAP_NAMES})
+
+    @property
+    def table(self) -> ConnTable:
+        """The session table, mapped."""
+        return self.maps.conns
 
     def run(self, frame: bytes) -> TestRunResult:
         return self.obj.program("lb_xdp").test_run(frame, ingress_ifindex=self.ifindex)
@@ -104,24 +128,21 @@ class ModelLb:
     def load_state(self, state: model.DataplaneState) -> None:
         """Write every map the model reads; whatever was there before is removed."""
         obj = self.obj
-        for name in ("lb_vips", "lb_vip_addrs", "lb_acl4", "lb_acl6"):
+        for name in ("lb_vip_addrs", "lb_acl4", "lb_acl6"):
             m = obj.map(name)
             for key in list(m.keys()):
                 m.delete(key)
-        ConnTable(obj.map("lb_conns")).flush()
+        self.table.wipe()  # no program runs on it meanwhile (tests only)
         for rule, action in state.acl.items():
             obj.map(rule.map_name).update(rule.abi_key().pack(), rule_value(action))
-        vips = obj.map("lb_vips")
-        for vip, params in state.vips.items():
-            vips.update(vip.abi_key().pack(), params.abi_value().pack())
         for key, info in state._vip_addr_index.items():
             addr = ipaddress.ip_address(key[1])
             obj.map("lb_vip_addrs").update(abi.Addr.make(addr).pack(), info.abi_value().pack())
-        slots = bytearray(abi.MAX_BACKENDS * 20)
+        size = ctypes.sizeof(abi.Backend)
+        slots = bytearray(abi.MAX_BACKENDS * size)
         for bid, be in state.backends.items():
-            slots[bid * 20 : bid * 20 + 20] = be.abi_value().pack()
+            slots[bid * size : (bid + 1) * size] = be.abi_value().pack()
         obj.map("lb_backends").update_array(bytes(slots))
-        obj.map("lb_config").update(struct.pack("<I", 0), state.config.abi_value().pack())
         for name in TABLE_MAPS.values():
             tables = obj.map(name)
             for vid in range(abi.MAX_VIPS):
@@ -133,9 +154,54 @@ class ModelLb:
         kinds = {p.vip_id: p.table_kind for p in state.vips.values()}
         for vid, table in state.tables.items():
             self.set_table(vid, table, kinds.get(vid, abi.TableKind.MAGLEV))
-        conns = ConnTable(obj.map("lb_conns"))
-        for key, entry in state.conns.items():
-            conns.put(key, entry.backend_id, entry.hash, state.config.seed)
+        self.set_members(state.members)
+        old_keys = list(obj.map("lb_vips").keys())
+        old_vips = [Vip.from_abi(abi.VipKey.from_buffer_copy(k)) for k in old_keys]
+        self.maps.apply(
+            [
+                mapops.SetConfig(state.config),
+                *(mapops.DeleteVip(v) for v in old_vips if v not in state.vips),
+                *(mapops.PutVip(v, p) for v, p in state.vips.items()),
+                mapops.SetVipFilter(state.vip_filter_bits),
+            ]
+        )
+        self.import_conns(state)
+
+    def import_conns(self, state: model.DataplaneState) -> None:
+        """The model's sessions into lb_conns (ConnTable.import_sessions), each of its own
+        generation; a session without a last_seen is as fresh as now."""
+        cfg = state.config
+        now = clock.now_ticks()
+        by_gen: dict[int, list[abi.Session]] = {}
+        for key, e in state.conns.items():
+            by_gen.setdefault(e.gen, []).append(
+                conns_mod.session(
+                    key,
+                    (e.backend_id, *e.later),
+                    e.hash,
+                    e.state,
+                    now if e.last_seen is None else e.last_seen,
+                    be_gen=e.be_gen,
+                )
+            )
+        for gen, sessions in by_gen.items():
+            results = self.table.import_sessions(
+                sessions, seed=cfg.seed, gen=gen, timeouts=cfg.conn_timeouts, now=now
+            )
+            assert all(r is ImportResult.WRITTEN for r in results), results
+
+    def set_members(self, members: Mapping[int, Mapping[int, abi.MemberState]]) -> None:
+        """lb_members as ``members`` says (vip id -> backend id -> state), writing only the
+        VIPs whose states changed."""
+        ops: list[mapops.Op] = []
+        for vid in sorted(self.members.keys() - members.keys()):
+            ops.append(mapops.DeleteMembers(vid))
+            del self.members[vid]
+        for vid, states in members.items():
+            if self.members.get(vid) != states:
+                ops.append(mapops.PutMembers(vid, states))
+                self.members[vid] = dict(states)
+        self.maps.apply(ops)
 
     def set_table(self, vip_id: int, table: LookupTable, kind: abi.TableKind) -> None:
         """A new inner map, filled, then swapped into lb_tables (Maglev) or lb_btables
@@ -173,10 +239,51 @@ class ModelLb:
         return (int(total[0]), int(total[1]), int(total[2]))
 
     def conns(self) -> dict[bytes, ConnEntry]:
-        return {
-            key: ConnEntry(be, h)
-            for key, (be, h) in ConnTable(self.obj.map("lb_conns")).entries().items()
-        }
+        """The program's sessions in the model's terms, without their times
+        (:func:`untimed`)."""
+        return {e.key: model_entry(e) for e in self.table.iter_entries()}
+
+
+def model_entry(e: Entry) -> ConnEntry:
+    """A session read from lb_conns as the model's :class:`ConnEntry`, without its
+    last_seen (the model's clock is None in these tests: compared with :func:`untimed`)."""
+    return ConnEntry(
+        e.backend_id, e.hash, e.hops[1:], e.state, be_gen=e.be_gen, gen=e.gen, last_seen=None
+    )
+
+
+def entry_of_record(rec: np.void) -> ConnEntry:
+    """A session record (``conns.SESSION_DTYPE``, from ``ConnTable.read``) as the model's
+    :class:`ConnEntry`, untimed."""
+    hops = tuple(int(h) for h in rec["hop"] if h)
+    return ConnEntry(
+        hops[0] if hops else 0,
+        int(rec["hash"]),
+        hops[1:],
+        abi.SessState(int(rec["state"]) & 3),
+        be_gen=int(rec["be_gen"]),
+        gen=int(rec["gen"]),
+        last_seen=None,
+    )
+
+
+def untimed(conns: Mapping[bytes, ConnEntry]) -> dict[bytes, ConnEntry]:
+    """The model's sessions without their last_seen, to compare with :meth:`ModelLb.conns`."""
+    return {k: replace(e, last_seen=None) for k, e in conns.items()}
+
+
+def table_members(
+    tables: Mapping[int, LookupTable],
+) -> dict[int, dict[int, abi.MemberState]]:
+    """lb_members as the planner leaves it for VIPs whose backends all have a weight:
+    every backend a VIP's table names, first hop or later, ACTIVE."""
+    out: dict[int, dict[int, abi.MemberState]] = {}
+    for vid, table in tables.items():
+        ids = set(np.unique(table.first).tolist())
+        if table.rest is not None:
+            ids |= set(np.unique(table.rest).tolist())
+        out[vid] = {int(b): abi.MemberState.ACTIVE for b in sorted(ids) if b}
+    return out
 
 
 @pytest.fixture(scope="module")
@@ -237,8 +344,18 @@ def make_state() -> model.DataplaneState:
         9: LookupTable(maglev_ids([1, 2, 3], 1009), rest),
     }
     backends = {i: BackendState(a, active) for i, (a, active) in BACKENDS.items()}
-    config = LbConfig(LB_SRC4, LB_SRC6, gue_port=6080, seed=0x9E3779B9)
-    return model.DataplaneState(vips, backends, tables, config, conns={})
+    hz = clock.hz()  # the session clock's: timeouts in the kernel's jiffies
+    config = LbConfig(
+        LB_SRC4,
+        LB_SRC6,
+        gue_port=6080,
+        seed=0x9E3779B9,
+        conn_timeouts=tuple(timeout_ticks(t, hz) for t in DEFAULT_TIMEOUTS),
+        hz=hz,
+    )
+    return model.DataplaneState(
+        vips, backends, tables, config, conns={}, members=table_members(tables)
+    )
 
 
 def random_flows(state: model.DataplaneState, n: int, seed: int) -> list[model.Flow]:
@@ -339,12 +456,18 @@ def run_all(
         problem = check_forward(mlb, fr, d, r)
         if problem is not None:
             problems.append(f"flow {i} {f}: {problem}\n  frame {fr.hex()}")
-        if d.conn_insert is not None:
-            conns[d.conn_insert[0]] = d.conn_insert[1]
+        record(conns, d)
         decisions.append(d)
         forwarded = d.outcome is model.Outcome.FORWARD and r.retval != model.XdpAction.DROP
         backends.append(backend_of(r.data) if forwarded else 0)
     return decisions, problems, backends
+
+
+def record(conns: dict[bytes, ConnEntry], d: model.Decision) -> None:
+    """What a decision writes into the session table (an insert, or a hit's update)."""
+    for written in (d.conn_insert, d.conn_update):
+        if written is not None:
+            conns[written[0]] = written[1]
 
 
 def backend_of(out: bytes) -> int:
@@ -453,7 +576,7 @@ def test_new_flows_match_the_model(
 
     # Every flow is new and forwarded (no drops in this scenario by construction).
     assert all(d.outcome is model.Outcome.FORWARD for d in decisions)
-    assert all(d.events == (abi.Event.CONN_MISS,) for d in decisions)
+    assert all(d.events == (abi.Event.CONN_MISS, abi.Event.CONN_INSERT) for d in decisions)
     # Coverage: every VIP, both outer families, every hop count 1-4 was exercised.
     assert {d.vip_params.vip_id for d in decisions if d.vip_params} == set(range(1, 10))
     assert {len(d.hops) for d in decisions} == {1, 2, 3, 4}
@@ -470,7 +593,9 @@ def test_new_flows_match_the_model(
         mlb.counters("lb_drops", len(abi.DropReason)) - dr0, drop_deltas(decisions)
     )
     assert stats_diff(read_stats(mlb), st0) == stats_deltas(decisions)
-    assert mlb.conns() == conns
+    assert mlb.conns() == untimed(conns)
+    states = Counter(e.state for e in conns.values())
+    assert set(states) == {abi.SessState.TCP_SYN, abi.SessState.UDP}
 
 
 def test_known_flows_hit_the_connection_table(
@@ -490,46 +615,103 @@ def test_known_flows_hit_the_connection_table(
     for a, b in zip(first, second, strict=True):
         assert b.events == (abi.Event.CONN_HIT,)
         assert b.backend_id == a.backend_id and b.gue_sport == a.gue_sport
-        # A hit knows one hop only: later hops are not in the connection entry.
+        # A SYN's session keeps its first hop only: a hit carries that one.
         assert b.hops == a.hops[:1]
     assert np.array_equal(mlb.counters("lb_events", len(abi.Event)) - ev0, event_deltas(second))
     assert stats_diff(read_stats(mlb), st0) == stats_deltas(second)
+    # The ACKs moved every TCP session from TCP_SYN to TCP_EST, in both.
+    assert mlb.conns() == untimed(conns)
+    assert {e.state for e in conns.values()} == {abi.SessState.TCP_EST, abi.SessState.UDP}
 
 
-def test_deactivated_backend_makes_entries_stale(
+def _run_phase(
+    mlb: ModelLb,
+    state: model.DataplaneState,
+    flows: list[model.Flow],
+    conns: dict[bytes, ConnEntry],
+    tcp_flags: int = TCP_ACK,
+) -> list[model.Decision]:
+    """Every flow through both; counters, stats and the session table must move as the
+    model says."""
+    ev0 = mlb.counters("lb_events", len(abi.Event))
+    dr0 = mlb.counters("lb_drops", len(abi.DropReason))
+    st0 = read_stats(mlb)
+    decisions, problems, _ = run_all(mlb, state, flows, conns, tcp_flags)
+    assert_none(problems)
+    assert np.array_equal(mlb.counters("lb_events", len(abi.Event)) - ev0, event_deltas(decisions))
+    assert np.array_equal(
+        mlb.counters("lb_drops", len(abi.DropReason)) - dr0, drop_deltas(decisions)
+    )
+    assert stats_diff(read_stats(mlb), st0) == stats_deltas(decisions)
+    assert mlb.conns() == untimed(conns)
+    return decisions
+
+
+def test_a_backend_leaving_moves_its_udp_flows_and_keeps_its_tcp_connections(
     mlb: ModelLb, scenario: tuple[model.DataplaneState, list[model.Flow]]
 ) -> None:
+    """Backend 2 leaves every VIP (members NONE, slot inactive, VIPs 1 and 2 get tables
+    without it; VIPs 3, 5 and 8 still name it). Issue 11: its UDP sessions are stale (they
+    re-hash: moved where the table no longer names it, dropped NO_BACKEND where it still
+    does), its TCP sessions are hits that still go to it."""
     state, flows = scenario
     conns: dict[bytes, ConnEntry] = {}
     state = replace(state, conns=conns)
     mlb.load_state(state)
-    _first, problems, _ = run_all(mlb, state, flows, conns)
+    first, problems, _ = run_all(mlb, state, flows, conns)
     assert_none(problems)
 
-    # Backend 2 goes inactive: its connection entries are stale.  VIP 1 gets a table
-    # without it (stale flows re-hash and move); the other VIPs' tables still name it
-    # (stale flows drop NO_BACKEND).
     backends = dict(state.backends)
     backends[2] = replace(backends[2], active=False)
     tables = dict(state.tables)
     tables[1] = LookupTable(maglev_ids([1, 3], 65537, [1, 3]))
-    state2 = replace(state, backends=backends, tables=tables, conns=conns)
+    tables[2] = LookupTable(maglev_ids([1, 3], 251))
+    members = {
+        vid: {b: st for b, st in m.items() if b != 2} for vid, m in table_members(tables).items()
+    }
+    state2 = replace(state, backends=backends, tables=tables, members=members, conns=conns)
     mlb.obj.map("lb_backends").update(struct.pack("<I", 2), backends[2].abi_value().pack())
     mlb.set_table(1, tables[1], abi.TableKind.MAGLEV)
-    ev0, dr0 = (
-        mlb.counters("lb_events", len(abi.Event)),
-        mlb.counters("lb_drops", len(abi.DropReason)),
-    )
-    st0 = read_stats(mlb)
-    third, problems, _ = run_all(mlb, state2, flows, conns, TCP_ACK)
+    mlb.set_table(2, tables[2], abi.TableKind.MAGLEV)
+    mlb.set_members(members)
+    third = _run_phase(mlb, state2, flows, conns)
+
+    on_2 = [(a, b) for a, b in zip(first, third, strict=True) if a.backend_id == 2]
+    tcp = [b for a, b in on_2 if a.flow is not None and a.flow.proto == TCP]
+    udp = [b for a, b in on_2 if a.flow is not None and a.flow.proto == UDP]
+    assert tcp and all(d.events == (abi.Event.CONN_HIT,) and d.backend_id == 2 for d in tcp)
+    assert udp and all(d.events[0] is abi.Event.CONN_STALE for d in udp)
+    assert any(d.drop is abi.DropReason.NO_BACKEND for d in udp)
+    assert any(d.outcome is model.Outcome.FORWARD and d.backend_id != 2 for d in udp)
+    # Nothing else moved: every other session is a hit on its backend.
+    others = [b for a, b in zip(first, third, strict=True) if a.backend_id != 2]
+    assert all(d.events == (abi.Event.CONN_HIT,) for d in others)
+
+
+def test_a_slot_given_to_another_address_makes_its_sessions_stale(
+    mlb: ModelLb, scenario: tuple[model.DataplaneState, list[model.Flow]]
+) -> None:
+    """Backend 2's slot is given to another address (the planner bumps its gen): every
+    session recorded for the old address is stale, TCP ones too, and re-hashes."""
+    state, flows = scenario
+    conns: dict[bytes, ConnEntry] = {}
+    state = replace(state, conns=conns)
+    mlb.load_state(state)
+    first, problems, _ = run_all(mlb, state, flows, conns)
     assert_none(problems)
-    stale = [d for d in third if abi.Event.CONN_STALE in d.events]
-    assert stale and any(d.drop is abi.DropReason.NO_BACKEND for d in stale)
-    assert any(d.outcome is model.Outcome.FORWARD for d in stale)
-    assert np.array_equal(mlb.counters("lb_events", len(abi.Event)) - ev0, event_deltas(third))
-    assert np.array_equal(mlb.counters("lb_drops", len(abi.DropReason)) - dr0, drop_deltas(third))
-    assert stats_diff(read_stats(mlb), st0) == stats_deltas(third)
-    assert mlb.conns() == conns
+
+    backends = dict(state.backends)
+    backends[2] = BackendState(backends[2].addr, True, gen=1)  # the new owner's gen
+    state2 = replace(state, backends=backends, conns=conns)
+    mlb.obj.map("lb_backends").update(struct.pack("<I", 2), backends[2].abi_value().pack())
+    third = _run_phase(mlb, state2, flows, conns)
+    for a, b in zip(first, third, strict=True):
+        if a.backend_id == 2:
+            assert b.events[:2] == (abi.Event.CONN_STALE, abi.Event.CONN_MISS), b.describe()
+            assert b.conn_insert is not None and b.conn_insert[1].be_gen == 1
+        else:
+            assert b.events == (abi.Event.CONN_HIT,)
+    assert any(e.be_gen == 1 for e in conns.values())
 
 
 @pytest.mark.parametrize(
@@ -561,8 +743,7 @@ def test_mtu_boundary(mlb: ModelLb, vip: abi.IPAddress, dport: int) -> None:
         fr = frames.frame(f, bytes(inner - hdrs))
         d = model.decide(state, fr)
         r = mlb.run(fr)
-        if d.conn_insert is not None:
-            conns[d.conn_insert[0]] = d.conn_insert[1]
+        record(conns, d)
         seen[(outer_len(d.packet or b"") - LAB_MTU, r.retval)] += 1
         problem = check_forward(mlb, fr, d, r)
         if problem:

@@ -22,6 +22,7 @@ import ipaddress
 import time
 from collections import Counter
 from collections.abc import Iterator
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -34,6 +35,7 @@ from test_differential import (  # the harness and lab of the differential test
     mlb,
     random_flows,
     read_stats,
+    record,
     stats_deltas,
     stats_diff,
 )
@@ -41,7 +43,6 @@ from test_differential import (  # the harness and lab of the differential test
 from xdplb import model
 from xdplb.core import abi
 from xdplb.core.state import ConnEntry
-from xdplb.datapath.conns import ConnTable
 from xdplb.model import frames
 
 pytestmark = pytest.mark.bpf
@@ -279,15 +280,14 @@ def inner_is_valid(out: bytes) -> str | None:
 
 
 def clear_conns(mlb: ModelLb, conns: dict[bytes, ConnEntry]) -> None:
-    ConnTable(mlb.obj.map("lb_conns")).flush()
+    mlb.table.wipe()  # between packets: no program runs on it
     conns.clear()
 
 
 def test_malformed_corpus(mlb: ModelLb) -> None:
     t0 = time.perf_counter()
     conns: dict[bytes, ConnEntry] = {}
-    state = make_state()
-    state = model.DataplaneState(state.vips, state.backends, state.tables, state.config, conns)
+    state = replace(make_state(), conns=conns)
     mlb.load_state(state)
     frames = full_corpus(state)
     assert len(frames) >= MIN_CORPUS
@@ -311,8 +311,7 @@ def test_malformed_corpus(mlb: ModelLb) -> None:
             continue
         r = run(fr)
         decisions.append(d)
-        if d.conn_insert is not None:
-            conns[d.conn_insert[0]] = d.conn_insert[1]
+        record(conns, d)
         observed_drops += r.retval == model.XdpAction.DROP
         outcomes[(cat.split("+")[0], model.XdpAction(r.retval).name)] += 1
         problem = check_forward(mlb, fr, d, r)

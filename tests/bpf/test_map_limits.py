@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import os
 import shutil
+from collections import Counter
 from collections.abc import Iterator
 from dataclasses import replace
 from pathlib import Path
@@ -23,6 +24,7 @@ from test_differential import (
     make_state,
     random_flows,
     run_all,
+    untimed,
 )
 
 from xdplb.config import LimitsConfig
@@ -31,7 +33,6 @@ from xdplb.core.errors import ConfigError
 from xdplb.core.mapops import SetConfig
 from xdplb.core.state import ConnEntry, LbConfig
 from xdplb.datapath import BpfObject
-from xdplb.datapath.conns import ConnTable
 from xdplb.datapath.lb import LbDatapath, LbMaps, check_pins, destroy
 from xdplb.datapath.objects import PinnedSizeError
 
@@ -151,39 +152,47 @@ def small_mlb(lb_netns: Any) -> Iterator[ModelLb]:
 def test_a_small_conn_table_keeps_flows_in_its_sets_and_matches_the_model(
     small_mlb: ModelLb,
 ) -> None:
-    """3000 new flows into 256 sets of 4: every entry sits in set hash & 255, the table
-    never holds more than 1024, full sets evicted (LRU), and every packet -- the new
-    flows, then the same flows again against whatever the table kept -- leaves exactly
-    as the model says, counters included."""
+    """3000 new flows into 256 sets of 4: every session sits in set sess_hash & 255 with
+    that hash as its tag, the table never holds more than 1024, each insert into a full
+    set evicts one (counted CONN_EVICT), and every packet -- the new flows, then the
+    same flows again against whatever the table kept -- leaves exactly as the model
+    says, counters included."""
     state = make_state()
     state = replace(state, config=replace(state.config, conn_mask=255), conns={})
     small_mlb.load_state(state)
     flows = random_flows(state, 3000, seed=77)
     conns: dict[bytes, ConnEntry] = {}
+    ev0 = small_mlb.counters("lb_events", len(abi.Event))
     first, problems, _ = run_all(small_mlb, state, flows, conns)
     assert_none(problems)
-    assert all(d.events == (abi.Event.CONN_MISS,) for d in first)
+    assert all(d.events == (abi.Event.CONN_MISS, abi.Event.CONN_INSERT) for d in first)
 
-    table = ConnTable(small_mlb.obj.map("lb_conns"))
+    table = small_mlb.table
     assert (table.sets_count, table.capacity, table.mask) == (256, 1024, 255)
-    sets = table.sets()
-    assert len(sets) == 256
+    seed = state.config.seed
     kept = 0
-    for s, rec in enumerate(sets):
-        for w in range(abi.CONN_WAYS):
-            if rec["backend_id"][w]:
-                key = bytes(rec["slot"][w])[: hashing.FLOW_KEY_SIZE]
-                fhash = hashing.flow_hash(key, state.config.seed)
-                assert fhash & 255 == s and rec["tag"][w] == fhash
-                kept += 1
-    # 3000 flows over 256 sets: almost every set filled, some flows evicted.
+    for e in table.iter_entries():
+        h = hashing.sess_hash(e.key, seed)
+        raw = table.map.lookup(e.set.to_bytes(4, "little"))
+        assert raw is not None
+        assert h & 255 == e.set and abi.ConnSet.from_buffer_copy(raw).meta.tag[e.way] == h
+        kept += 1
+    # 3000 flows over 256 sets: almost every set filled, the rest of the flows evicted.
     assert 900 < kept <= 1024
+    got = small_mlb.counters("lb_events", len(abi.Event)) - ev0
+    want = event_deltas(first)
+    want[abi.Event.CONN_EVICT] = len(flows) - kept
+    assert dict(zip(abi.Event, got.tolist(), strict=True)) == dict(
+        zip(abi.Event, want.tolist(), strict=True)
+    )
     entries = small_mlb.conns()
     assert len(entries) == kept
-    assert all(conns[k] == v for k, v in entries.items())  # what it kept is right
+    model_conns = untimed(conns)
+    assert all(model_conns[k] == v for k, v in entries.items())  # what it kept is right
 
-    # Again, as packets of open connections: the flows the table kept hit (a hit
-    # writes nothing), then the evicted ones are placed again by the table, same backend.
+    # Again, as packets of open connections: the flows the table kept hit (a hit moves
+    # a SYN's session to TCP_EST), then the evicted ones are placed again by the table,
+    # same backend, each insert into a full set evicting one.
     backend_of = {f.key(): d.backend_id for f, d in zip(flows, first, strict=True)}
     for subset, event in (
         ([f for f in flows if f.key() in entries], abi.Event.CONN_HIT),
@@ -191,11 +200,26 @@ def test_a_small_conn_table_keeps_flows_in_its_sets_and_matches_the_model(
     ):
         assert subset
         live = dict(small_mlb.conns())
+        occupied = Counter(hashing.sess_hash(k, seed) & 255 for k in live)
         state = replace(state, conns=live)
         ev0 = small_mlb.counters("lb_events", len(abi.Event))
         again, problems, _ = run_all(small_mlb, state, subset, live, TCP_ACK)
         assert_none(problems)
-        assert all(d.events[-1] == event for d in again)
+        assert all(event in d.events for d in again)
         assert [d.backend_id for d in again] == [backend_of[f.key()] for f in subset]
         got = small_mlb.counters("lb_events", len(abi.Event)) - ev0
-        assert np.array_equal(got, event_deltas(again))
+        want = event_deltas(again)
+        inserts = Counter(
+            hashing.sess_hash(d.conn_insert[0], seed) & 255
+            for d in again
+            if d.conn_insert is not None
+        )
+        want[abi.Event.CONN_EVICT] = sum(
+            max(0, min(n, occupied[s] + n - abi.CONN_WAYS)) for s, n in inserts.items()
+        )
+        assert np.array_equal(got, want)
+        # What the table holds is what the model wrote last (the model does not evict).
+        held = small_mlb.conns()
+        assert len(held) <= table.capacity
+        model_conns = untimed(live)
+        assert all(model_conns[k] == v for k, v in held.items())
