@@ -17,8 +17,6 @@ from xdplb.control.sessions import ConnectionQuery
 from xdplb.core import abi
 from xdplb.core.errors import ConfigError
 from xdplb.datapath.conns import WAYS, ConnTable
-from xdplb.datapath.lb import MAP_NAMES, LbMaps
-from xdplb.datapath.maps import Map
 
 pytestmark = pytest.mark.bpf
 
@@ -54,42 +52,36 @@ def _fill(lb: Lb) -> dict[tuple[str, str, int], tuple[str, int]]:
     return out
 
 
-def _maps(lb: Lb) -> LbMaps:
-    return LbMaps({n: lb.obj.map(n) for n in MAP_NAMES})  # not closed: the object owns them
-
-
 def test_chunked_walk_yields_every_entry_and_holds_one_chunk(
     lb: Lb, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     filled = _fill(lb)
-    table = ConnTable(lb.obj.map("lb_conns"))
+    table = lb.conns
     whole = table.entries()
     assert len(whole) == len(filled) == len(FLOWS) * PER_FLOW
-    asked: list[int] = []
-    real = Map.lookup_array_range
+    asked: list[tuple[int, int]] = []
+    real = ConnTable.read
 
-    def spy(self: Map, start: int, count: int, flags: int = 0) -> bytes:
-        asked.append(count)
-        got = real(self, start, count, flags)
-        assert len(got) <= count * self.value_stride
-        return got
+    def spy(self: ConnTable, start: int = 0, count: int | None = None) -> Any:
+        assert count is not None, "the chunked walk read the whole table"
+        asked.append((start, count))
+        recs, pos = real(self, start, count)
+        assert len(recs) <= count * WAYS
+        return recs, pos
 
-    def whole_table(*args: Any, **kwargs: Any) -> bytes:
-        raise AssertionError("the chunked walk read the whole table")
-
-    monkeypatch.setattr(Map, "lookup_array_range", spy)
-    monkeypatch.setattr(Map, "lookup_array", whole_table)
+    monkeypatch.setattr(ConnTable, "read", spy)
     walked = list(table.iter_entries(chunk=256))
-    assert asked and max(asked) == 256
-    assert len(asked) == 2 * table.sets_count // 256  # a copy and its check per chunk
+    assert asked and max(c for _, c in asked) == 256
+    # One copy of each chunk, in order, the whole table covered once.
+    assert asked == [(s, 256) for s in range(0, table.sets_count, 256)]
     assert Counter(e.key for e in walked) == Counter(whole.keys())  # each exactly once
-    assert {e.key: (e.backend_id, e.hash) for e in walked} == whole
+    assert {e.key: e for e in walked} == whole
 
 
 def test_listing_pages_and_filters_match_the_table(lb: Lb) -> None:
     filled = _fill(lb)
-    table = ConnTable(lb.obj.map("lb_conns"))
-    snap = _maps(lb).snapshot()
+    table = lb.conns
+    snap = lb.maps.snapshot()
     backends = {i: str(b.addr) for i, b in fx.BACKENDS.items()}
 
     def walk(query: ConnectionQuery, limit: int, max_sets: int) -> list[sessions.Connection]:
@@ -111,7 +103,10 @@ def test_listing_pages_and_filters_match_the_table(lb: Lb) -> None:
     assert got == filled
     for c in every:
         assert c.backend == backends[c.backend_id]
-        assert 0 <= c.way < WAYS and 0 <= c.rank < WAYS
+        assert 0 <= c.way < WAYS and c.later_hops == []
+        # Just sent: a SYN's session, or a UDP one, a few ticks idle at most.
+        assert c.state == ("syn" if c.protocol == "tcp" else "udp")
+        assert 0 <= c.idle < 10
         assert c.destination_port == int(c.vip.rsplit(":", 1)[1].split("/")[0])
 
     tcp4 = fx.VIPS["tcp4"]
@@ -132,8 +127,8 @@ def test_listing_pages_and_filters_match_the_table(lb: Lb) -> None:
 
 
 def test_a_page_refuses_a_cursor_or_limit_out_of_range(lb: Lb) -> None:
-    table = ConnTable(lb.obj.map("lb_conns"))
-    snap = _maps(lb).snapshot()
+    table = lb.conns
+    snap = lb.maps.snapshot()
     end = table.sets_count * WAYS
     with pytest.raises(ConfigError) as e:
         sessions.page(table, snap, ConnectionQuery(), cursor=end + 1)
