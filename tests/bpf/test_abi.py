@@ -51,6 +51,9 @@ ENUMS: dict[type[enum.IntEnum], tuple[str, str, str | None, tuple[str, ...]]] = 
     abi.TableKind: ("xdplb_table_kind", "XDPLB_TABLE_", None, ()),
     abi.AclList: ("xdplb_acl_list", "XDPLB_ACL_", "XDPLB_ACL__MAX", ()),
     abi.CapDecision: ("xdplb_cap_decision", "XDPLB_CAP_", None, ("lb_xdp",)),
+    abi.SessState: ("xdplb_sess_state", "XDPLB_SESS_", "XDPLB_SESS__MAX", ()),
+    abi.MemberState: ("xdplb_member_state", "XDPLB_MEMBER_", None, ()),
+    abi.ExportType: ("xdplb_export_type", "XDPLB_EXPORT_", None, ()),
 }
 
 
@@ -142,6 +145,7 @@ def probe_btf(tmp_path_factory: pytest.TempPathFactory) -> BtfTypes:
     clang = shutil.which("clang") or "clang"
     decls = [f"struct {s.c_name} probe_{s.c_name};" for s in abi.STRUCTS]
     decls += [f"enum {c_name} probe_{c_name};" for c_name, *_ in ENUMS.values()]
+    decls.append("enum xdplb_abi probe_xdplb_abi;")  # the layout version
     tmp = tmp_path_factory.mktemp("abi")
     src = tmp / "probe.bpf.c"
     src.write_text(PROBE % "\n".join(decls))
@@ -270,3 +274,62 @@ def test_capture_defines_match_header() -> None:
         "XDPLB_CAP_RING_SIZE": abi.CAP_RING_SIZE,
     }
     assert {p.name: int(p) for p in abi.CapPoint} == {"DROP": 1, "FORWARD": 2, "PASS": 4}
+
+
+def test_abi_version_matches_header(probe_btf: BtfTypes) -> None:
+    """``abi.ABI_VERSION`` is ``enum xdplb_abi``'s XDPLB_ABI_VERSION: the pin directory
+    (abi-<N>) and the migration read it from Python, the maps' layout from C."""
+    t = find(probe_btf, ("ENUM", "ENUM64"), "xdplb_abi")
+    assert t is not None, "enum xdplb_abi is not in xdplb_abi.h"
+    assert {v["name"]: int(v["val"]) for v in t["values"]} == {"XDPLB_ABI_VERSION": abi.ABI_VERSION}
+
+
+def test_session_table_structs_are_the_layout_lb_conns_and_export_use() -> None:
+    """What the session table's users rely on beyond offsets: a set is a metadata line
+    and one line per way, a session record is 72 bytes and an export record 88 (the
+    ring's capacity in records follows), and lb_conns / lb_sess_export / lb_vip_index
+    in the object hold exactly these types."""
+    assert ctypes.sizeof(abi.ConnMeta) == ctypes.sizeof(abi.ConnEntry) == 64
+    assert ctypes.sizeof(abi.ConnSet) == 64 * (1 + abi.CONN_WAYS)
+    assert ctypes.sizeof(abi.Session) == 72
+    assert ctypes.sizeof(abi.ExportRec) == 88
+    assert abi.Session.entry.offset == 8 and abi.ExportRec.sess.offset == 16
+    types = object_btf("lb_xdp")
+    values = {}
+    for t in types.values():
+        if t["kind"] == "VAR" and t["name"] in ("lb_conns", "lb_vip_index"):
+            for mem in types[t["type_id"]]["members"]:
+                if mem["name"] == "value":
+                    values[t["name"]] = types[types[mem["type_id"]]["type_id"]]["name"]
+    assert values == {"lb_conns": "xdplb_conn_set", "lb_vip_index": "xdplb_vip_slot"}
+
+
+def test_session_defines_match_header() -> None:
+    """The session table's, the export ring's, the member states' and the VIP filter's
+    #defines: no BTF carries them, so read the header."""
+    header = (ROOT / "bpf/include/xdplb_abi.h").read_text()
+    values = {
+        m.group(1): m.group(2).strip()
+        for m in re.finditer(r"^#define (XDPLB_\w+)\s+(.+?)\s*(?:/\*.*)?$", header, re.M)
+    }
+    want = {
+        "XDPLB_CONN_WAYS": abi.CONN_WAYS,
+        "XDPLB_CONN_ENTRIES": abi.CONN_ENTRIES,
+        "XDPLB_SESS_F_USED": abi.SESS_F_USED,
+        "XDPLB_SESS_F_IMPORTED": abi.SESS_F_IMPORTED,
+        "XDPLB_CFG_F_EXPORT": abi.CFG_F_EXPORT,
+        "XDPLB_EXPORT_RING_SIZE": abi.EXPORT_RING_SIZE,
+        "XDPLB_MEMBERS_PER_WORD": abi.MEMBERS_PER_WORD,
+        "XDPLB_VIP_FILTER_BITS": abi.VIP_FILTER_BITS,
+        "XDPLB_VIP_PROBES": abi.VIP_PROBES,
+    }
+    got = {name: _c_int(values[name]) for name in want}
+    assert got == want
+    assert abi.VIP_FILTER_WORDS == (1 << abi.VIP_FILTER_BITS) // 64
+
+
+def _c_int(expr: str) -> int:
+    """The value of a header's integer #define: ``N``, ``NU``, ``(NU << S)``."""
+    m = re.fullmatch(r"\(?(\d+)U?(?: << (\d+))?\)?", expr)
+    assert m is not None, f"not a plain integer define: {expr}"
+    return int(m.group(1)) << int(m.group(2) or 0)
