@@ -29,7 +29,7 @@ from xdplb.core.state import (
     filter_bits,
 )
 from xdplb.model import frames
-from xdplb.model.checksum import ipv4_checksum
+from xdplb.model.checksum import csum_replace16, ipv4_checksum
 from xdplb.model.parse import ETH_P_8021AD, ETH_P_8021Q
 
 pytestmark = pytest.mark.unit
@@ -885,3 +885,12 @@ def test_predict_many_at_scale() -> None:
     for i in range(0, n, 997):
         f = m.Flow(V4(int(src[i, 0]).to_bytes(4, "little")), VIP4, int(batch.sport[i]), 80, TCP)
         assert int(got.backend[i]) == m.predict_backend(S, f)
+
+
+def test_an_incremental_checksum_is_never_0x0000() -> None:
+    """lb_icmp.h's csum_replace16: the echo reply to an all-zero request (type 8 -> 0,
+    checksum 0xf7ff) sums all-zero data, whose checksum is 0xffff; 0x0000 is rejected."""
+    assert csum_replace16(0xF7FF, 0x0800, 0x0000) == 0xFFFF
+    assert csum_replace16(0xF7FE, 0x0800, 0x0000) == 0xFFFE  # other results unchanged
+    words = (0x0000, 0xFFFF, 0x0000, 0x0000)  # the reply: sums to all ones, verifies
+    assert sum(words) & 0xFFFF == 0xFFFF

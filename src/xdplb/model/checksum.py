@@ -15,8 +15,10 @@ def ipv4_checksum(header: bytes) -> int:
 
 
 def csum_replace16(csum: int, old: int, new: int) -> int:
-    """RFC 1624 eqn. 3: a checksum after one 16-bit word of its data changed."""
+    """RFC 1624 eqn. 3: a checksum after one 16-bit word of its data changed. A zero
+    result is written 0xffff, as lb_icmp.h does: a sum over all-zero data (an echo
+    reply with id, seq and payload zero) is 0xffff, and receivers reject 0x0000."""
     total = (~csum & 0xFFFF) + (~old & 0xFFFF) + new
     total = (total & 0xFFFF) + (total >> 16)
     total = (total & 0xFFFF) + (total >> 16)
-    return ~total & 0xFFFF
+    return ~total & 0xFFFF or 0xFFFF

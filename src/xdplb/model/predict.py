@@ -26,7 +26,7 @@ def predict_backend(state: DataplaneState, flow: Flow) -> int | None:
     frame to learn which.
     """
     hit = state.find_vip(flow.dst, flow.dport, flow.proto)
-    if hit is None:
+    if hit is None or not state.maybe_vip_addr(flow.dst.packed):
         return None
     _vip, params = hit
     starts = flow.proto != IPPROTO_TCP
@@ -130,7 +130,8 @@ def predict_many(state: DataplaneState, flows: FlowBatch | Sequence[Flow]) -> Pr
         groups.setdefault((raw, fam, int(batch.dport[i]), int(batch.proto[i])), []).append(i)
     params_of: dict[int, VipParams] = {}
     for (raw, fam, dport, proto), members in groups.items():
-        hit = state.find_vip_raw(fam, raw, dport, proto)
+        # Step 2': a destination outside lb_vip_filter is no VIP's.
+        hit = state.find_vip_raw(fam, raw, dport, proto) if state.maybe_vip_addr(raw) else None
         if hit is None:
             continue
         params = hit[1]
