@@ -18,6 +18,9 @@ from typing import Any
 import lb_fixtures as fx
 import numpy as np
 
+from xdplb.config import Config
+from xdplb.control import planner
+from xdplb.control.planner import MemberOverrides
 from xdplb.core import abi, hashing, mapops
 from xdplb.core.state import (
     DEFAULT_TIMEOUTS,
@@ -152,6 +155,8 @@ class Lb:
         self._members: dict[int, dict[int, abi.MemberState]] = {}
         #: ``lb_config`` as last written.
         self.config = LbConfig(None, None)
+        #: The planner wrote the maps (:meth:`plan`): the next reset rewrites them all.
+        self._planned = False
 
     # -- configuration -------------------------------------------------------------------
 
@@ -163,6 +168,15 @@ class Lb:
                 m.delete(key)
         # No program runs on this table between cases: a wipe, not a generation.
         self.conns.wipe()
+        if self._planned:
+            # What the planner wrote is not what the caches say: start from empty maps.
+            for name in (*TABLE_MAPS.values(), "lb_members"):
+                m = self.obj.map(name)
+                for key in list(m.keys()):
+                    m.delete(key)
+            self._tables.clear()
+            self._members.clear()
+            self._planned = False
         # Every lb_tables / lb_btables / lb_members write waits for an RCU grace period
         # (map-in-map): rewrite only the tables a test changed.
         wanted = {v.id for v in fx.VIPS.values() if v.backends}
@@ -305,6 +319,31 @@ class Lb:
     def set_member(self, vip_id: int, be_id: int, state: abi.MemberState) -> None:
         """One backend's state in a VIP, the others' as they are."""
         self.set_members(vip_id, {**self._members.get(vip_id, {}), be_id: state})
+
+    def plan(
+        self, cfg: Config, *, members: MemberOverrides | None = None, now: float = 0.0
+    ) -> list[mapops.Op]:
+        """What the daemon does with a configuration: the planner's ops from a snapshot
+        of the maps, applied (the lab's backends keep their ids: the planner keeps an
+        active address's slot). Returns the ops."""
+        ops = planner.plan(cfg, self.maps.snapshot(), members=members, now=now, hz=clock.hz())
+        self._planned = True
+        self.maps.apply(ops)
+        self.config = self.maps.snapshot().config
+        return ops
+
+    def flush(self) -> int:
+        """Flush the session table as the daemon does (a new ``conn_gen``); returns the
+        sessions of the old generation."""
+        n = self.maps.flush_conns()
+        self.config = self.maps.snapshot().config
+        return n
+
+    def table_bytes(self) -> bytes:
+        """Every byte of lb_conns, as the program sees it (a mapping of our own)."""
+        m = self.obj.map("lb_conns")
+        with mmap.mmap(m.fd, m.max_entries * m.value_size, mmap.MAP_SHARED) as mm:
+            return bytes(mm)
 
     # -- running and reading -------------------------------------------------------------
 

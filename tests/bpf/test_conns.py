@@ -6,6 +6,8 @@ tests/bpf/test_session_table.py covers the session table's outcomes one by one
 
 from __future__ import annotations
 
+import functools
+
 import lb_fixtures as fx
 import numpy as np
 import pytest
@@ -23,21 +25,52 @@ Event = abi.Event
 def same_set_frames(lb: Lb, n: int, vip: str = "tcp4", flags: str = "S") -> list[bytes]:
     """n frames to a fixture VIP whose flows all fall into one set (source ports differ)."""
     v = fx.VIPS[vip]
-    sports = np.arange(1024, 65536)
-    keys = [abi.FlowKey.make(fx.CLIENT4, v.addr, int(p), v.port, v.proto).pack() for p in sports]
-    sets = np.array([hashing.sess_hash(k, fx.SEED) for k in keys], dtype=np.uint32) & (SETS - 1)
-    counts = np.bincount(sets, minlength=SETS)
-    target = int(np.argmax(counts >= n))
-    assert counts[target] >= n
-    chosen = sports[sets == target][:n]
     return [
         bytes(
             fx.client_frame(
                 v.addr, v.port, v.proto, sport=int(p), lb_mac=lb.env.lb_mac, flags=flags
             )
         )
-        for p in chosen
+        for p in same_set_sports(vip, n)
     ]
+
+
+@functools.cache
+def same_set_sports(vip: str, n: int) -> tuple[int, ...]:
+    """The first n client ports whose flows to a fixture VIP share a set (sess_hash in
+    numpy: 64,512 keys)."""
+    v = fx.VIPS[vip]
+    sports = np.arange(1024, 65536)
+    keys = b"".join(
+        abi.FlowKey.make(fx.CLIENT4, v.addr, int(p), v.port, v.proto).pack() for p in sports
+    )
+    words = np.frombuffer(keys, dtype="<u4").astype(np.uint64).reshape(-1, hashing.FLOW_WORDS)
+    sets = sess_hash_many(words, fx.SEED) & np.uint64(SETS - 1)
+    assert [int(x) for x in sets[:64]] == [
+        hashing.sess_hash(keys[i * 40 : i * 40 + 40], fx.SEED) & (SETS - 1) for i in range(64)
+    ]
+    counts = np.bincount(sets.astype(np.int64), minlength=SETS)
+    target = int(np.argmax(counts >= n))
+    assert counts[target] >= n
+    return tuple(int(p) for p in sports[sets == target][:n])
+
+
+def sess_hash_many(words: np.ndarray, seed: int) -> np.ndarray:
+    """hashing.sess_hash over rows of ten uint64-held words (uint64 arithmetic wraps as
+    C's __u64 does)."""
+    mul = [np.uint64(m) for m in hashing._SESS_MUL]
+    with np.errstate(over="ignore"):
+        s = (words[:, 0] + np.uint64(seed)) * mul[0]
+        for i in range(1, hashing.FLOW_WORDS):
+            s = s + words[:, i] * mul[i]
+        h = (s >> np.uint64(32)) ^ (s & np.uint64(0xFFFFFFFF))
+        m32 = np.uint64(0xFFFFFFFF)
+        h ^= h >> np.uint64(16)
+        h = (h * np.uint64(0x85EBCA6B)) & m32
+        h ^= h >> np.uint64(13)
+        h = (h * np.uint64(0xC2B2AE35)) & m32
+        h ^= h >> np.uint64(16)
+    return h
 
 
 def test_a_full_set_evicts_its_least_recently_used_flow(lb: Lb) -> None:
