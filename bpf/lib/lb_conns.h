@@ -370,6 +370,9 @@ static __always_inline void lb_sess_put(struct xdplb_conn_set *s, __u32 set,
 	struct xdplb_conn_entry *e;
 	__u32 w = ss->ins_way;
 
+	/* seq odd: the lookup found the set held (and counted CONN_BUSY once for the packet) */
+	if (ss->seq & 1)
+		return;
 	if (w >= LB_WAYS || !lb_sess_claim(s, ss->seq)) {
 		lb_count_event(XDPLB_EV_CONN_BUSY);
 		return;

@@ -427,7 +427,9 @@ static __always_inline int lb_table_lookup(const struct lb_pkt *pkt,
 	} else if (lb_is_syn(pkt)) {
 		n.state = XDPLB_SESS_TCP_SYN;
 	} else {
-		n.state = XDPLB_SESS_TCP_EST;
+		/* met mid-connection; already closing if this is the client's FIN or RST */
+		n.state = pkt->tcp_flags & (LB_TCP_FIN | LB_TCP_RST) ? XDPLB_SESS_TCP_FIN :
+								       XDPLB_SESS_TCP_EST;
 		if (vip->table_kind == XDPLB_TABLE_BEAMER) {
 			n.hop[1] = tgt->next_id[0];
 			n.hop[2] = tgt->next_id[1];

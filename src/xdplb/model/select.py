@@ -101,8 +101,11 @@ def choose(
     tcp = flow.proto == IPPROTO_TCP
     if not tcp:
         st = abi.SessState.UDP
+    elif starts:
+        st = abi.SessState.TCP_SYN
     else:
-        st = abi.SessState.TCP_SYN if starts else abi.SessState.TCP_EST
+        # Met mid-connection; already closing if this is the client's FIN or RST.
+        st = abi.SessState.TCP_FIN if tcp_flags & (TCP_FIN | TCP_RST) else abi.SessState.TCP_EST
     entry = ConnEntry(
         hops[0],
         flow_hash,
