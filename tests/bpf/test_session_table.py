@@ -47,9 +47,8 @@ from xdplb.control.overlay import Overlay, effective
 from xdplb.core import abi, hashing, mapops
 from xdplb.core.acl import AclKey, rule_value
 from xdplb.core.state import BackendState, ConnEntry, filter_bits
-from xdplb.datapath.capture import RingReader
 from xdplb.datapath.clock import now_ticks
-from xdplb.datapath.conns import Entry, ImportResult, session
+from xdplb.datapath.conns import Entry, ImportResult, SessionExport, session
 from xdplb.datapath.testrun import TestRunResult
 from xdplb.model import frames
 
@@ -414,9 +413,9 @@ RING_CAPACITY = abi.EXPORT_RING_SIZE // RING_RECORD
 
 
 @pytest.fixture
-def export(lb: Lb) -> Iterator[RingReader]:
+def export(lb: Lb) -> Iterator[SessionExport]:
     """lb_config with CFG_F_EXPORT, and the consumer side of lb_sess_export, emptied."""
-    ring = RingReader(lb.obj.map("lb_sess_export"))
+    ring = SessionExport(lb.obj.map("lb_sess_export"))
     ring.skip()
     lb.update_config(flags=lb.config.flags | abi.CFG_F_EXPORT)
     try:
@@ -426,8 +425,8 @@ def export(lb: Lb) -> Iterator[RingReader]:
         ring.close()
 
 
-def records(ring: RingReader) -> list[abi.ExportRec]:
-    return [abi.ExportRec.from_buffer_copy(raw) for raw in ring.drain()]
+def records(ring: SessionExport) -> list[abi.ExportRec]:
+    return ring.drain()
 
 
 def rec_key(r: abi.ExportRec) -> bytes:
@@ -436,7 +435,7 @@ def rec_key(r: abi.ExportRec) -> bytes:
 
 
 def test_every_insert_is_exported_once_and_every_state_change_as_an_update(
-    lb: Lb, export: RingReader
+    lb: Lb, export: SessionExport
 ) -> None:
     flows: dict[bytes, list[str]] = {}  # key -> the frames' flags, in order
     before = lb.counters()
@@ -484,10 +483,13 @@ def test_every_insert_is_exported_once_and_every_state_change_as_an_update(
     assert records(export) == []
 
 
-def test_a_full_export_ring_counts_its_drops_and_blocks_nothing(lb: Lb, export: RingReader) -> None:
+def test_a_full_export_ring_counts_its_drops_and_blocks_nothing(
+    lb: Lb, export: SessionExport
+) -> None:
     """4 MiB of 96-byte slots: the first RING_CAPACITY inserts are kept, the rest counted
     EXPORT_DROP; every packet is still forwarded and every session still recorded. Once
     drained, the ring takes records again."""
+    assert export.capacity == RING_CAPACITY
     n = RING_CAPACITY + 300
     dst = fx.VIPS["udp4"].addr
     flows = [

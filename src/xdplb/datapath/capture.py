@@ -1,13 +1,11 @@
-"""lb_xdp's packet capture from user space: its three maps and the ring buffer reader.
+"""lb_xdp's packet capture from user space: its three maps and their reader.
 
 This module owns turning a capture on and off (``lb_cap_cfg``: the settings with an
 expiry on lb_xdp's clock, renewed while the reader runs, so a reader that is killed
 stops the sampling within one lease), resetting and summing the per-CPU sampler
-(``lb_cap_state``), and reading ``lb_capture``, a BPF ring buffer, through mmap
-(the kernel's layout: a consumer page, then the producer page and the data pages
-mapped twice, so a record that wraps is contiguous; each record is an 8-byte header,
-length with BUSY and DISCARD bits, then the sample, 8-byte aligned). One capture per
-instance at a time: :func:`capture_lock` takes a lock file in the run directory.
+(``lb_cap_state``), and reading ``lb_capture``, a BPF ring buffer
+(:mod:`xdplb.datapath.ringbuf`). One capture per instance at a time:
+:func:`capture_lock` takes a lock file in the run directory.
 """
 
 from __future__ import annotations
@@ -15,9 +13,7 @@ from __future__ import annotations
 import contextlib
 import errno
 import fcntl
-import mmap
 import os
-import select
 import struct
 import time
 from collections.abc import Iterator
@@ -29,16 +25,13 @@ from xdplb.core.capture import CaptureSettings, Record, vip_name
 from xdplb.core.closing import Closing
 from xdplb.core.errors import XdplbError
 from xdplb.core.state import Vip
-from xdplb.datapath.maps import Map, MapType
+from xdplb.datapath.maps import Map
+from xdplb.datapath.ringbuf import RingReader
 
 CAPTURE_MAPS = ("lb_cap_cfg", "lb_cap_state", "lb_capture")
 #: How long a capture stays on without a renewal: the longest an abandoned one samples.
 LEASE_NS = 5_000_000_000
-_BUSY = 1 << 31
-_DISCARD = 1 << 30
-_HDR = 8
 _U32 = struct.Struct("<I")
-_U64 = struct.Struct("<Q")
 _ZERO = _U32.pack(0)
 
 
@@ -72,65 +65,6 @@ def capture_lock(instance: str) -> Iterator[None]:
             path.unlink(missing_ok=True)
     finally:
         os.close(fd)
-
-
-class RingReader(Closing):
-    """The consumer side of a BPF_MAP_TYPE_RINGBUF map, through mmap."""
-
-    def __init__(self, ring: Map) -> None:
-        if ring.type is not MapType.RINGBUF:
-            raise ValueError(f"map {ring.name} is not a ring buffer")
-        self._ring = ring
-        self._size = ring.max_entries
-        self._mask = self._size - 1
-        page = mmap.PAGESIZE
-        self._cons = mmap.mmap(ring.fd, page, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
-        self._data = mmap.mmap(
-            ring.fd, page + 2 * self._size, mmap.MAP_SHARED, mmap.PROT_READ, offset=page
-        )
-        self._page = page
-        self._poll = select.poll()
-        self._poll.register(ring.fd, select.POLLIN)
-
-    def _positions(self) -> tuple[int, int]:
-        (cons,) = _U64.unpack_from(self._cons, 0)
-        (prod,) = _U64.unpack_from(self._data, 0)
-        return cons, prod
-
-    def skip(self) -> None:
-        """Drop whatever is in the ring (records of an earlier capture)."""
-        _cons, prod = self._positions()
-        _U64.pack_into(self._cons, 0, prod)
-
-    def wait(self, timeout_s: float) -> bool:
-        """Until the ring has data or ``timeout_s`` passed; True if it has data."""
-        cons, prod = self._positions()
-        if cons != prod:
-            return True
-        return bool(self._poll.poll(max(0, int(timeout_s * 1000))))
-
-    def drain(self, limit: int | None = None) -> list[bytes]:
-        """The committed records, oldest first (at most ``limit``), consumed."""
-        out: list[bytes] = []
-        cons, prod = self._positions()
-        while cons < prod and (limit is None or len(out) < limit):
-            off = self._page + (cons & self._mask)
-            (hdr,) = _U32.unpack_from(self._data, off)
-            if hdr & _BUSY:
-                break  # reserved, not yet submitted: later records wait for it
-            length = hdr & ~(_BUSY | _DISCARD)
-            if not hdr & _DISCARD:
-                out.append(bytes(self._data[off + _HDR : off + _HDR + length]))
-            cons += (length + _HDR + 7) & ~7
-            _U64.pack_into(self._cons, 0, cons)
-        return out
-
-    def close(self) -> None:
-        with contextlib.suppress(Exception):
-            self._poll.unregister(self._ring.fd)
-        for m in (getattr(self, "_cons", None), getattr(self, "_data", None)):
-            if m is not None:
-                m.close()
 
 
 @dataclass(frozen=True)

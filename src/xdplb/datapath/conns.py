@@ -1,17 +1,19 @@
 """``lb_conns`` from user space: the session table, read and written under lb_xdp's claim.
 
 lb_xdp keeps flows in an ARRAY of sets (``struct xdplb_conn_set``; as many as the map's
-max_entries, ``limits.conn_table / CONN_WAYS``), the set of a flow being
-``flow_hash(key, hash_seed) & conn_mask``, each of ``abi.CONN_WAYS`` one-line sessions
-(``struct xdplb_session``). The map is mapped into this process (BPF_F_MMAPABLE) and
-every read and write goes through sessions.c (compiled into ``_libbpf_c``), which speaks
-the program's claim protocol in C11 atomics: a copy is taken between two loads of the
-claim word that agree, a write claims the way, writes it whole and releases it. So
-user space never tears a session lb_xdp is reading, nor reads a torn one, on any CPU.
+max_entries, ``limits.conn_table / CONN_WAYS``): a metadata line (the claim word ``seq``,
+then each way's tag, last-seen tick, generation, state and flags), then a line per way
+(the flow key, backend and later hops, table hash). A flow's set is ``sess_hash(key,
+hash_seed) & conn_mask``. The map is mapped into this process (BPF_F_MMAPABLE) and every
+read and write goes through sessions.c (compiled into ``_libbpf_c``), which speaks the
+program's claim protocol in C11 atomics: a copy is taken between two loads of ``seq``
+that agree and are even, a write claims the set (``seq`` odd), writes and releases it.
+So user space never tears a session lb_xdp is reading, nor reads a torn one, on any CPU.
 
 Flushing is not a write here: it is a new ``conn_gen`` in ``lb_config``
 (:meth:`xdplb.datapath.lb.LbMaps.flush_conns`); sessions of an older generation are
-misses to lb_xdp and free ways to its inserts.
+misses to lb_xdp and free ways to its inserts. :class:`SessionExport` reads the stream
+of sessions lb_xdp records (``lb_sess_export``), what session sync will send.
 """
 
 from __future__ import annotations
@@ -31,6 +33,7 @@ from xdplb.core.state import session_age
 from xdplb.datapath._ffi import ffi, lib
 from xdplb.datapath.clock import now_ticks
 from xdplb.datapath.maps import Map
+from xdplb.datapath.ringbuf import RingReader
 
 WAYS = abi.CONN_WAYS
 #: Sets of a session table of the default size.
@@ -336,6 +339,36 @@ class ConnTable(Closing):
             ffi.cast("uint8_t *", ffi.from_buffer(result)),
         )
         return result
+
+
+class SessionExport(Closing):
+    """The consumer side of ``lb_sess_export``: one :class:`abi.ExportRec` for each session
+    lb_xdp records (``EXPORT_NEW``) or moves to another state (``EXPORT_UPDATE``) while
+    ``lb_config`` has ``CFG_F_EXPORT``. lb_xdp never waits for room: a record that finds
+    the ring full is counted (``EXPORT_DROP``) and the packet goes on."""
+
+    #: Bytes a record takes in the ring: the kernel's 8-byte header, the record, 8-aligned.
+    RECORD_BYTES = (8 + ctypes.sizeof(abi.ExportRec) + 7) & ~7
+
+    def __init__(self, ring: Map) -> None:
+        self._ring = RingReader(ring)
+        #: Records the ring holds when nobody reads it.
+        self.capacity = ring.max_entries // self.RECORD_BYTES
+
+    def skip(self) -> None:
+        """Forget what the ring holds (records from before this reader wanted them)."""
+        self._ring.skip()
+
+    def wait(self, timeout_s: float) -> bool:
+        """Until a record is there or ``timeout_s`` passed; True if one is."""
+        return self._ring.wait(timeout_s)
+
+    def drain(self, limit: int | None = None) -> list[abi.ExportRec]:
+        """The records submitted so far, oldest first (at most ``limit``), consumed."""
+        return [abi.ExportRec.from_buffer_copy(raw) for raw in self._ring.drain(limit)]
+
+    def close(self) -> None:
+        self._ring.close()
 
 
 def records(
