@@ -393,8 +393,8 @@ def print_tables(res: dict[str, Any]) -> None:
             "capture on (1 in 1,000) minus off: "
             + ", ".join(f"{k} {v:+.1f} ns" for k, v in cap.items())
         )
-    c = Table(title="Control plane: milliseconds (median)")
-    for col in ("what", "median ms", "min-max"):
+    c = Table(title="Control plane (median): ms, or ns where the name says so")
+    for col in ("what", "median", "min-max"):
         c.add_column(col, justify="left" if col == "what" else "right")
     for k, v in res["control"].items():
         sp = res["control_spread"][k]

@@ -238,6 +238,10 @@ class BenchPkt(ctypes.Structure):
 
 _ZERO = struct.pack("<I", 0)
 
+#: The empty-table case may evict 1 in this many inserts and still be measuring inserts
+#: into free ways.
+EMPTY_EVICT_SHARE = 1000
+
 #: lb_xdp records at most cfg.flood_max (12,500 by default) new flows per CPU per 100 ms
 #: window (bpf/lib/lb_select.h, "bounded writes under a new-connection flood"); past that, new
 #: flows are balanced but not recorded - a cheaper path. A test-run loop is such a flood,
@@ -514,6 +518,10 @@ class Harness:
             evicting = {abi.Event.CONN_EVICT.name, abi.Event.CONN_EXPIRED.name}
             for k, d in deltas.items():
                 if case.new_flows and not case.empty and k in evicting:
+                    continue
+                if case.empty and k in evicting and d <= iterations // EMPTY_EVICT_SHARE:
+                    # A chunk's flows fill some set past its 4 ways now and then
+                    # (Poisson: ~1 in 10^5 inserts here): the path is still an empty way's.
                     continue
                 if d != want.get(k, 0):
                     problems.append(f"{k} moved by {d}, want {want.get(k, 0)}")
