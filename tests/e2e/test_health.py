@@ -49,16 +49,7 @@ def check(**kw: Any) -> dict[str, Any]:
 
 
 @pytest.fixture
-def servers(lab: Lab) -> Iterator[dict[str, subprocess.Popen[str]]]:
-    procs = dict(zip(lab.backends, lab.start_servers(), strict=True))
-    yield procs
-    for p in procs.values():
-        p.kill()
-        p.wait()
-
-
-@pytest.fixture
-def lb(lab: Lab, tmp_path: Path, servers: Any) -> Iterator[LbNode]:
+def lb(lab: Lab, tmp_path: Path, lab_servers: Any) -> Iterator[LbNode]:
     backends = [{"address": str(lab.addr(b))} for b in lab.backends]
     vips = [{"address": VIP, "port": 80, "health": check(), "backends": backends}]
     node = LbNode(lab, tmp_path, vips)
@@ -119,7 +110,7 @@ class Traffic:
 
 
 def test_dead_backend_leaves_and_returns(
-    lab: Lab, lb: LbNode, servers: dict[str, subprocess.Popen[str]]
+    lab: Lab, lb: LbNode, lab_servers: dict[str, subprocess.Popen[str]]
 ) -> None:
     b2 = str(lab.addr("b2"))
     wait_shares(lb, "three backends in the table", lambda sh: len(sh) == 3)
@@ -129,8 +120,8 @@ def test_dead_backend_leaves_and_returns(
             "new connections reaching every backend",
             until=lambda got: all(got[b] > 0 for b in lab.backends),
         )
-        servers["b2"].kill()
-        servers["b2"].wait()
+        lab_servers["b2"].kill()
+        lab_servers["b2"].wait()
         killed = time.monotonic()
         out = wait_shares(lb, "b2 out of the table", lambda sh: b2 not in sh)
         gone = time.monotonic()
@@ -143,7 +134,7 @@ def test_dead_backend_leaves_and_returns(
         )
         assert after[None] == 0 and after["b2"] == 0, after
         assert all(who != "b2" for at, who in traffic.log if killed < at)
-        servers["b2"] = lab.start_servers(names=["b2"])[0]
+        lab_servers["b2"] = lab.start_servers(names=["b2"])[0]
         back = wait_shares(lb, "b2 back in the table", lambda sh: b2 in sh)
         returned = time.monotonic()
         wait_for(
@@ -178,14 +169,14 @@ def test_broken_decap_is_down(lab: Lab, lb: LbNode) -> None:
 
 
 def test_all_down_keeps_the_last_table(
-    lab: Lab, lb: LbNode, servers: dict[str, subprocess.Popen[str]]
+    lab: Lab, lb: LbNode, lab_servers: dict[str, subprocess.Popen[str]]
 ) -> None:
     b3 = str(lab.addr("b3"))
     wait_shares(lb, "three backends in the table", lambda sh: len(sh) == 3)
     for name in ("b1", "b2"):
-        servers[name].kill()
+        lab_servers[name].kill()
     wait_shares(lb, "only b3 left", lambda sh: list(sh) == [b3])
-    servers["b3"].kill()
+    lab_servers["b3"].kill()
     with lb.api() as api:
         wait_for(
             lambda: api.get("/api/v1/status").json()["vips"][0],
@@ -197,5 +188,5 @@ def test_all_down_keeps_the_last_table(
         metrics = api.get("/metrics").text
     assert list(shares(lb)) == [b3]  # the last table: traffic is not black-holed
     assert f'xdplb_vip_all_down{{vip="{VIP}:80/tcp"}} 1.0' in metrics
-    servers.update(zip(lab.backends, lab.start_servers(), strict=True))
+    lab_servers.update(zip(lab.backends, lab.start_servers(), strict=True))
     wait_shares(lb, "all three back", lambda sh: len(sh) == 3)

@@ -34,22 +34,13 @@ CHECK = {
 CHECKS = 30
 
 
-@pytest.fixture
-def servers(lab: Lab) -> Iterator[dict[str, subprocess.Popen[str]]]:
-    procs = dict(zip(lab.backends, lab.start_servers(), strict=True))
-    yield procs
-    for p in procs.values():
-        p.kill()
-        p.wait()
-
-
 def vips(lab: Lab, weights: dict[str, int]) -> list[dict[str, Any]]:
     backends = [{"address": str(lab.addr(b)), "weight": w} for b, w in weights.items()]
     return [{"address": VIP, "port": 80, "health": CHECK, "backends": backends}]
 
 
 @pytest.fixture
-def lb(lab: Lab, tmp_path: Path, servers: Any) -> Iterator[LbNode]:
+def lb(lab: Lab, tmp_path: Path, lab_servers: Any) -> Iterator[LbNode]:
     node = LbNode(lab, tmp_path, vips(lab, dict.fromkeys(lab.backends, 1)))
     node.start(args=["--log-format", "json"])
     yield node
@@ -76,7 +67,7 @@ def health_lines(node: LbNode, backend: str) -> list[dict[str, Any]]:
 
 
 def test_what_the_daemon_logs(
-    lab: Lab, lb: LbNode, servers: dict[str, subprocess.Popen[str]]
+    lab: Lab, lb: LbNode, lab_servers: dict[str, subprocess.Popen[str]]
 ) -> None:
     (banner,) = wait_for(
         lambda: [r for r in records(lb) if r["message"].startswith("xdplb ")],
@@ -99,15 +90,15 @@ def test_what_the_daemon_logs(
 
     # b2's server dies, then comes back: one line each, naming VIP, backend, reason.
     b2 = str(lab.addr("b2"))
-    servers["b2"].kill()
-    servers["b2"].wait()
+    lab_servers["b2"].kill()
+    lab_servers["b2"].wait()
     (down,) = wait_for(
         lambda: health_lines(lb, b2), "b2 down in the log", until=lambda r: r, detail=lb.log_tail
     )
     assert (down["level"], down["vip"], down["health"]) == ("WARNING", NAME, "down")
     assert down["reason"] and down["reason"] in down["message"]
     assert down["message"] == f"VIP {NAME}: backend {b2} is down: {down['reason']}"
-    servers["b2"] = lab.start_servers(names=["b2"])[0]
+    lab_servers["b2"] = lab.start_servers(names=["b2"])[0]
     down_, up = wait_for(
         lambda: health_lines(lb, b2),
         "b2 up in the log",

@@ -49,16 +49,7 @@ def udp_check() -> dict[str, Any]:
 
 
 @pytest.fixture
-def servers(lab: Lab) -> Iterator[dict[str, subprocess.Popen[str]]]:
-    procs = dict(zip(lab.backends, lab.start_servers(), strict=True))
-    yield procs
-    for p in procs.values():
-        p.kill()
-        p.wait()
-
-
-@pytest.fixture
-def lb(lab: Lab, tmp_path: Path, servers: Any) -> Iterator[LbNode]:
+def lb(lab: Lab, tmp_path: Path, lab_servers: Any) -> Iterator[LbNode]:
     backends = [{"address": str(lab.addr(b))} for b in lab.backends]
     vips = [
         {"address": VIP, "port": PORT, "protocol": "udp", "health": udp_check(),
@@ -126,15 +117,15 @@ def wait_for_share(node: LbNode, lab: Lab, name: str, present: bool) -> None:
 
 
 def test_a_dead_backends_udp_flows_move_at_once(
-    lab: Lab, lb: LbNode, servers: dict[str, subprocess.Popen[str]], flows: list[Flow]
+    lab: Lab, lb: LbNode, lab_servers: dict[str, subprocess.Popen[str]], flows: list[Flow]
 ) -> None:
     before = backends_of(flows)
     assert None not in before, f"every flow answered: {before}"
     counts = {b: before.count(b) for b in set(before)}
     victim = max(counts, key=lambda b: counts[b])
     assert counts[victim] >= 2 and len(counts) >= 2, counts
-    servers[victim].kill()
-    servers[victim].wait()
+    lab_servers[victim].kill()
+    lab_servers[victim].wait()
     t0 = time.monotonic()
     wait_for_share(lb, lab, victim, present=False)
     took_health = time.monotonic() - t0

@@ -2,12 +2,14 @@
 
 - ``lab``: module-scoped, a built :class:`~xdplb.lab.Lab` with host_tc attached on every
   backend (``lab.hosts``); torn down after the module.
+- ``lab_servers``: the lab's servers, one per backend (by name), killed after the test.
 - ``lab_factory``: builds extra labs inside one test, all torn down after it.
 """
 
 from __future__ import annotations
 
 import os
+import subprocess
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -40,6 +42,16 @@ def lab() -> Iterator[Lab]:
         for name in built.backends:
             attach_host(built, name)
         yield built
+
+
+@pytest.fixture
+def lab_servers(lab: Lab) -> Iterator[dict[str, subprocess.Popen[str]]]:
+    """The lab's servers (``Lab.start_servers``), by backend name; killed after the test."""
+    procs = dict(zip(lab.backends, lab.start_servers(), strict=True))
+    yield procs
+    for p in procs.values():
+        p.kill()
+        p.wait()
 
 
 @pytest.fixture
