@@ -121,12 +121,13 @@ struct {
 } lb_btables SEC(".maps");
 
 /*
- * 5-tuple -> session: a set-associative table of one-line sessions (struct
- * xdplb_conn_set, lib/lb_conns.h).  An ARRAY, not an LRU_HASH: an insert
- * into a full LRU touches several cold nodes (~490 ns here); here it writes
- * one of the lines its lookup has just read.  BPF_F_MMAPABLE page-aligns the
- * values, so every session is a cache line of its own, and lets user space
- * read and import sessions with the same claim protocol (datapath/conns.py).
+ * 5-tuple -> session: a set-associative table of sets of 4 sessions (struct
+ * xdplb_conn_set, lib/lb_conns.h): a metadata line, then a line per way.  An
+ * ARRAY, not an LRU_HASH: an insert into a full LRU touches several cold
+ * nodes (~490 ns here); here a miss reads one line and an insert writes one
+ * more.  BPF_F_MMAPABLE page-aligns the values, so that every line is a
+ * cache line, and lets user space read and import sessions with the same
+ * claim protocol (datapath/conns.py).
  */
 struct {
 	__uint(type, BPF_MAP_TYPE_ARRAY);
