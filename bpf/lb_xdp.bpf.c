@@ -25,12 +25,12 @@ static __always_inline int lb_xdp_run(struct xdp_md *ctx, struct lb_pkt *pkt)
 	const struct xdplb_vip_info *vip;
 	const struct xdplb_config *cfg;
 	struct lb_target tgt = {};
-	struct xdplb_conn_set *cs;
+	struct xdplb_conn_set *cs = NULL;
 	struct lb_cursor cur;
 	struct lb_sess *ss;
 	__u32 zero = 0;
 	__u32 new_flow = 0;
-	__u32 shash, set, now;
+	__u32 shash = 0, set = 0, now;
 	int rc;
 
 	/* 1-2: Ethernet, IP, IPv6 extension headers; non-IP and malformed end here. */
@@ -62,6 +62,18 @@ static __always_inline int lb_xdp_run(struct xdp_md *ctx, struct lb_pkt *pkt)
 	if (rc != LB_CONTINUE)
 		return rc;
 
+	/*
+	 * 8's set, fetched before 6 (lb_sess_prefetch): the session hash picks
+	 * the session table's set (the table's jhash is left to a miss), and its
+	 * lines, cold for a new flow, come in while the VIP lookup runs.
+	 */
+	if (cfg) {
+		shash = xdplb_sess_hash((const __u32 *)&pkt->flow, cfg->hash_seed);
+		set = shash & cfg->conn_mask;
+		cs = bpf_map_lookup_elem(&lb_conns, &set);
+		lb_sess_prefetch(cs);
+	}
+
 	/* 6, then 6a: the VIP's ACL */
 	vip = lb_vip_lookup(pkt, cfg);
 	if (!vip)
@@ -74,15 +86,12 @@ static __always_inline int lb_xdp_run(struct xdp_md *ctx, struct lb_pkt *pkt)
 		return lb_drop(XDPLB_DROP_NO_CONFIG);
 
 	/*
-	 * 8, then 9 on a miss or a session no longer live; the session hash picks
-	 * the session table's set (the table's jhash is left to a miss).  A TCP SYN starts a new connection and follows the table
-	 * whatever an old session of the same 5-tuple says (a reused port must not
-	 * reach a backend that has left the table since: down, drained, reweighted).
+	 * 8 (its set fetched above), then 9 on a miss or a session no longer
+	 * live.  A TCP SYN starts a new connection and follows the table whatever
+	 * an old session of the same 5-tuple says (a reused port must not reach a
+	 * backend that has left the table since: down, drained, reweighted).
 	 */
-	shash = xdplb_sess_hash((const __u32 *)&pkt->flow, cfg->hash_seed);
 	now = lb_now();
-	set = shash & cfg->conn_mask;
-	cs = bpf_map_lookup_elem(&lb_conns, &set);
 	ss = lb_sess_slot();
 	if (!ss)
 		return lb_drop(XDPLB_DROP_NO_CONFIG);
