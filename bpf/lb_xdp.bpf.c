@@ -68,7 +68,7 @@ static __always_inline int lb_xdp_run(struct xdp_md *ctx, struct lb_pkt *pkt)
 	 * lines, cold for a new flow, come in while the VIP lookup runs.
 	 */
 	if (cfg) {
-		shash = xdplb_sess_hash((const __u32 *)&pkt->flow, cfg->hash_seed);
+		shash = xdplb_sess_hash((const __u32 *)&pkt->flow, cfg->sess_key);
 		set = shash & cfg->conn_mask;
 		cs = bpf_map_lookup_elem(&lb_conns, &set);
 		lb_sess_prefetch(cs);

@@ -20,9 +20,9 @@
  */
 enum xdplb_abi {
 #if defined(XDPLB_ABI_TEST_NEXT) || defined(XDPLB_ABI_TEST_BAD)
-	XDPLB_ABI_VERSION = 3,	/* test builds only (Makefile: build/test/lb_xdp_abi_*.bpf.o) */
+	XDPLB_ABI_VERSION = 4,	/* test builds only (Makefile: build/test/lb_xdp_abi_*.bpf.o) */
 #else
-	XDPLB_ABI_VERSION = 2,
+	XDPLB_ABI_VERSION = 3,	/* 3: lb_config.sess_key (a session's set moved) */
 #endif
 };
 
@@ -46,6 +46,7 @@ enum xdplb_abi {
 #define XDPLB_CONN_SETS		(XDPLB_CONN_ENTRIES / XDPLB_CONN_WAYS)	/* a power of 2 */
 #define XDPLB_DEFAULT_TABLE	65537
 #define XDPLB_GUE_PORT		19523	/* glb-director's default */
+#define XDPLB_SESS_KEYS		10	/* the flow key's words: one session-hash multiplier each */
 #define XDPLB_MAX_HOST_ADDRS	64
 #define XDPLB_MAX_VIP_ADDRS	XDPLB_MAX_VIPS
 
@@ -131,7 +132,7 @@ struct xdplb_flow_key {
  * The session table lb_conns (bpf/lib/lb_conns.h, docs/datapath.md step 8):
  * an ARRAY of sets (XDPLB_CONN_SETS by default; the loader sets the configured
  * number, a power of 2), the set of a flow being xdplb_sess_hash(key,
- * hash_seed) & xdplb_config.conn_mask, each holding XDPLB_CONN_WAYS sessions.
+ * sess_key) & xdplb_config.conn_mask, each holding XDPLB_CONN_WAYS sessions.
  * A set is five cache lines: a line of metadata (what a lookup that misses and
  * an insert's choice of way read: tags, ages, states), then one line per way
  * with its flow and where it goes.
@@ -282,6 +283,9 @@ struct xdplb_config {
 	__u32 conn_timeout[XDPLB_SESS__MAX];	/* idle timeout by session state, in ticks */
 	__u32 vip_index_mask;	/* lb_vip_index's slots - 1 (a power of 2) */
 	__u32 hz;		/* ticks per second (the kernel's HZ), for user space */
+	__u32 pad3;
+	/* xdplb_sess_keys(hash_seed): the session hash's multipliers (bpf/lib/hash.h) */
+	__u64 sess_key[XDPLB_SESS_KEYS];
 };
 
 /* Per-CPU traffic counters (lb_vip_stats, lb_backend_stats). */

@@ -13,8 +13,12 @@
 
 #include <linux/types.h>
 
+#include "xdplb_abi.h"
+
 #define XDPLB_JHASH_INITVAL	0xdeadbeefU
 #define XDPLB_FLOW_WORDS	10
+
+_Static_assert(XDPLB_SESS_KEYS == XDPLB_FLOW_WORDS, "a multiplier per key word");
 
 static inline __u32 xdplb_rol32(__u32 w, unsigned int s)
 {
@@ -60,26 +64,50 @@ static inline __u32 xdplb_flow_hash(const __u32 *k, __u32 seed)
 }
 
 /*
- * The session table's hash of a flow key (its set is this & conn_mask): a
- * multilinear hash, the sum of each word times its own odd 64-bit constant
- * (ten multiplies the CPU runs side by side, a third of jhash's time), folded
- * to 32 bits through MurmurHash3's finalizer.  A hit needs only this; the
- * table's jhash (xdplb_flow_hash) is computed on a miss.
+ * The session hash's keys: ten odd 64-bit multipliers drawn from the seed by
+ * SplitMix64 (Steele, Lea, Flood 2014).  User space fills lb_config.sess_key
+ * with them (src/xdplb/core/state.py, through hashing.sess_keys); the BPF
+ * program reads them there rather than deriving them per packet.
  */
-static inline __u32 xdplb_sess_hash(const __u32 *k, __u32 seed)
+static inline void xdplb_sess_keys(__u32 seed, __u64 *keys)
 {
-	__u64 s = ((__u64)k[0] + seed) * 0x9e3779b97f4a7c15ULL;
+	__u64 x = seed, z;
+	int i;
+
+	for (i = 0; i < XDPLB_FLOW_WORDS; i++) {
+		x += 0x9e3779b97f4a7c15ULL;
+		z = x;
+		z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
+		z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
+		keys[i] = (z ^ (z >> 31)) | 1;
+	}
+}
+
+/*
+ * The session table's hash of a flow key (its set is this & conn_mask): a
+ * multilinear hash, the sum of each word times its own secret multiplier
+ * (xdplb_sess_keys; ten multiplies the CPU runs side by side, a third of
+ * jhash's time), folded to 32 bits through MurmurHash3's finalizer.  Every
+ * multiplier comes from the seed, so which flows share a set depends on it
+ * as a whole: with public constants and the seed only added in, two keys'
+ * difference - and so a crafted collision - would have been the same under
+ * every seed.  A hit needs only this; the table's jhash (xdplb_flow_hash) is
+ * computed on a miss.
+ */
+static inline __u32 xdplb_sess_hash(const __u32 *k, const __u64 *key)
+{
+	__u64 s = (__u64)k[0] * key[0];
 	__u32 h;
 
-	s += (__u64)k[1] * 0xc2b2ae3d27d4eb4fULL;
-	s += (__u64)k[2] * 0x165667b19e3779f9ULL;
-	s += (__u64)k[3] * 0xd6e8feb86659fd93ULL;
-	s += (__u64)k[4] * 0xff51afd7ed558ccdULL;
-	s += (__u64)k[5] * 0xc4ceb9fe1a85ec53ULL;
-	s += (__u64)k[6] * 0x87c37b91114253d5ULL;
-	s += (__u64)k[7] * 0x4cf5ad432745937fULL;
-	s += (__u64)k[8] * 0xa0761d6478bd642fULL;
-	s += (__u64)k[9] * 0xe7037ed1a0b428dbULL;
+	s += (__u64)k[1] * key[1];
+	s += (__u64)k[2] * key[2];
+	s += (__u64)k[3] * key[3];
+	s += (__u64)k[4] * key[4];
+	s += (__u64)k[5] * key[5];
+	s += (__u64)k[6] * key[6];
+	s += (__u64)k[7] * key[7];
+	s += (__u64)k[8] * key[8];
+	s += (__u64)k[9] * key[9];
 	h = (__u32)(s >> 32) ^ (__u32)s;
 	h ^= h >> 16;
 	h *= 0x85ebca6bU;

@@ -3,7 +3,7 @@
  * The session table (steps 8 and 9 of docs/datapath.md): lb_conns, an ARRAY
  * of sets of XDPLB_CONN_WAYS sessions (struct xdplb_conn_set in xdplb_abi.h):
  * a line of metadata, then a line per way.  A flow lives in set
- * xdplb_sess_hash(key, hash_seed) & lb_config.conn_mask, in any of its ways;
+ * xdplb_sess_hash(key, lb_config.sess_key) & conn_mask, in any of its ways;
  * its tag (that hash) in the metadata line says which ways to compare.  A
  * lookup that misses reads the metadata line only; a hit, that line and its
  * way's; an insert writes the line its lookup chose.  lb_xdp fetches all five

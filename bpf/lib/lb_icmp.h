@@ -253,7 +253,7 @@ static __always_inline int lb_icmp_frag(struct xdp_md *ctx, struct lb_pkt *pkt,
 	if (!cfg)
 		return lb_drop(XDPLB_DROP_NO_CONFIG);
 	/* The flow's own packets: connection table, then the VIP's table; nothing recorded. */
-	shash = xdplb_sess_hash((const __u32 *)&pkt->flow, cfg->hash_seed);
+	shash = xdplb_sess_hash((const __u32 *)&pkt->flow, cfg->sess_key);
 	set = shash & cfg->conn_mask;
 	cs = ev == XDPLB_EV_FRAGMENT ? NULL : bpf_map_lookup_elem(&lb_conns, &set);
 	ss = lb_sess_slot();

@@ -58,9 +58,9 @@ def same_set_sports(vip: str, n: int) -> tuple[int, ...]:
 def sess_hash_many(words: np.ndarray, seed: int) -> np.ndarray:
     """hashing.sess_hash over rows of ten uint64-held words (uint64 arithmetic wraps as
     C's __u64 does)."""
-    mul = [np.uint64(m) for m in hashing._SESS_MUL]
+    mul = [np.uint64(m) for m in hashing.sess_keys(seed)]
     with np.errstate(over="ignore"):
-        s = (words[:, 0] + np.uint64(seed)) * mul[0]
+        s = words[:, 0] * mul[0]
         for i in range(1, hashing.FLOW_WORDS):
             s = s + words[:, i] * mul[i]
         h = (s >> np.uint64(32)) ^ (s & np.uint64(0xFFFFFFFF))

@@ -200,7 +200,8 @@ def test_an_upgrade_keeps_every_connection(lab: Lab, tmp_path: Path, servers: No
                                                        f"pass 2 from abi-{NEXT}"]  # fmt: skip
         assert "busy 0" in lines[0]
         log = node.log_path.read_text()
-        assert f"upgraded instance {node.instance} from layout abi-{NEXT} to abi-2" in log
+        upgraded = f"from layout abi-{NEXT} to abi-{abi.ABI_VERSION}"
+        assert f"upgraded instance {node.instance} {upgraded}" in log
     finally:
         node.destroy()
 
@@ -228,7 +229,8 @@ def test_a_layout_it_cannot_migrate_is_refused_and_keeps_forwarding(
             )
             assert done.returncode == 1, done.stdout + done.stderr
             err = " ".join(done.stderr.split())
-            assert "cannot migrate the session table from layout abi-3 to abi-2" in err
+            refused = f"from layout abi-{NEXT} to abi-{abi.ABI_VERSION}"
+            assert f"cannot migrate the session table {refused}" in err
             assert "lb_conns: no field dport in a way" in err
             assert f"`xdplb stop -i {node.instance}`" in err and "drops every connection" in err
             # Nothing detached, nothing new pinned: the old program forwards on.

@@ -18,7 +18,7 @@ from xdplb.core.addresses import IPAddress
 
 #: The layout version of lb_xdp's pinned maps (``enum xdplb_abi``): pins live under
 #: ``<pin root>/abi-<N>`` (docs/operations.md, "Upgrades").
-ABI_VERSION = 2
+ABI_VERSION = 3
 MAX_VIPS = 512
 MAX_BACKENDS = 4096
 MAX_HOPS = 4
@@ -27,6 +27,7 @@ CONN_WAYS = 4
 CONN_SETS = CONN_ENTRIES // CONN_WAYS
 DEFAULT_TABLE_SIZE = 65537
 GUE_PORT = 19523
+SESS_KEYS = 10  # the session hash's multipliers, one per flow key word
 MAX_HOST_ADDRS = 64
 MAX_VIP_ADDRS = MAX_VIPS
 MAX_HC_TARGETS = 8192
@@ -356,6 +357,8 @@ class Config(_Struct):
         ("conn_timeout", ctypes.c_uint32 * len(SessState)),
         ("vip_index_mask", ctypes.c_uint32),
         ("hz", ctypes.c_uint32),
+        ("pad3", ctypes.c_uint32),
+        ("sess_key", ctypes.c_uint64 * SESS_KEYS),  # hashing.sess_keys(hash_seed)
     ]
 
 

@@ -13,6 +13,7 @@ does not cost a Python loop per flow.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Iterable
 
 import numpy as np
@@ -183,30 +184,32 @@ def vip_slot_hash(addr_words: Iterable[int], port_proto_family: int) -> int:
     return x
 
 
-#: ``xdplb_sess_hash()``'s odd 64-bit multipliers, one per key word.
-_SESS_MUL = (
-    0x9E3779B97F4A7C15,
-    0xC2B2AE3D27D4EB4F,
-    0x165667B19E3779F9,
-    0xD6E8FEB86659FD93,
-    0xFF51AFD7ED558CCD,
-    0xC4CEB9FE1A85EC53,
-    0x87C37B91114253D5,
-    0x4CF5AD432745937F,
-    0xA0761D6478BD642F,
-    0xE7037ED1A0B428DB,
-)
 _MASK64 = (1 << 64) - 1
 
 
+@functools.lru_cache(maxsize=16)
+def sess_keys(seed: int) -> tuple[int, ...]:
+    """``xdplb_sess_keys()``: the session hash's ten odd 64-bit multipliers drawn from
+    ``seed`` by SplitMix64; ``lb_config.sess_key`` holds them."""
+    x = _check_seed(seed)
+    keys = []
+    for _ in range(FLOW_KEY_SIZE // 4):
+        x = (x + 0x9E3779B97F4A7C15) & _MASK64
+        z = x
+        z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & _MASK64
+        z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & _MASK64
+        keys.append((z ^ (z >> 31)) | 1)
+    return tuple(keys)
+
+
 def sess_hash(key: bytes, seed: int) -> int:
-    """``xdplb_sess_hash()`` of a 40-byte flow key: the session table's hash (its set is
-    this AND ``conn_mask``, its tag this)."""
+    """``xdplb_sess_hash()`` of a 40-byte flow key under the multipliers of ``seed``: the
+    session table's hash (its set is this AND ``conn_mask``, its tag this)."""
     if len(key) != FLOW_KEY_SIZE:
         raise ValueError(f"a flow key is {FLOW_KEY_SIZE} bytes, got {len(key)}")
     words = [int.from_bytes(key[i : i + 4], "little") for i in range(0, FLOW_KEY_SIZE, 4)]
-    s = ((words[0] + _check_seed(seed)) * _SESS_MUL[0]) & _MASK64
-    for w, m in zip(words[1:], _SESS_MUL[1:], strict=True):
+    s = 0
+    for w, m in zip(words, sess_keys(seed), strict=True):
         s = (s + w * m) & _MASK64
     h = (s >> 32) ^ (s & _MASK)
     h ^= h >> 16

@@ -268,6 +268,7 @@ class LbConfig:
             cfg.src6[:] = abi.addr_words(self.src6)
         cfg.gue_port = socket.htons(self.gue_port)
         cfg.hash_seed = self.seed
+        cfg.sess_key[:] = hashing.sess_keys(self.seed)
         cfg.conn_mask = self.conn_mask
         cfg.flood_max = self.flood_max
         cfg.flags = self.flags

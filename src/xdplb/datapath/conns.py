@@ -4,11 +4,12 @@ lb_xdp keeps flows in an ARRAY of sets (``struct xdplb_conn_set``; as many as th
 max_entries, ``limits.conn_table / CONN_WAYS``): a metadata line (the claim word ``seq``,
 then each way's tag, last-seen tick, generation, state and flags), then a line per way
 (the flow key, backend and later hops, table hash). A flow's set is ``sess_hash(key,
-hash_seed) & conn_mask``. The map is mapped into this process (BPF_F_MMAPABLE) and every
-read and write goes through sessions.c (compiled into ``_libbpf_c``), which speaks the
-program's claim protocol in C11 atomics: a copy is taken between two loads of ``seq``
-that agree and are even, a write claims the set (``seq`` odd), writes and releases it.
-So user space never tears a session lb_xdp is reading, nor reads a torn one, on any CPU.
+hash_seed) & conn_mask`` (the hash's multipliers drawn from the seed). The map is mapped
+into this process (BPF_F_MMAPABLE) and every read and write goes through sessions.c
+(compiled into ``_libbpf_c``), which speaks the program's claim protocol in C11 atomics: a
+copy is taken between two loads of ``seq`` that agree and are even, a write claims the set
+(``seq`` odd), writes and releases it. So user space never tears a session lb_xdp is
+reading, nor reads a torn one, on any CPU.
 
 Flushing is not a write here: it is a new ``conn_gen`` in ``lb_config``
 (:meth:`xdplb.datapath.lb.LbMaps.flush_conns`); sessions of an older generation are

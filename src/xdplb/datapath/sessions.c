@@ -73,7 +73,7 @@ static int key_equal(const struct xdplb_conn_entry *e, const struct xdplb_conn_e
 }
 
 /* The session hash of an entry's key (the flow key, padding zero). */
-static uint32_t entry_hash(const struct xdplb_conn_entry *e, uint32_t seed)
+static uint32_t entry_hash(const struct xdplb_conn_entry *e, const __u64 *keys)
 {
 	struct xdplb_flow_key key = {};
 
@@ -82,7 +82,7 @@ static uint32_t entry_hash(const struct xdplb_conn_entry *e, uint32_t seed)
 	key.sport = e->sport;
 	key.dport = e->dport;
 	key.proto = e->proto;
-	return xdplb_sess_hash((const __u32 *)&key, seed);
+	return xdplb_sess_hash((const __u32 *)&key, keys);
 }
 
 /*
@@ -253,11 +253,14 @@ uint32_t xdplb_sess_import(void *base, uint32_t mask, uint32_t seed, uint16_t ge
 {
 	struct xdplb_conn_set *sets = base;
 	uint32_t i, t, written = 0, tags[IMPORT_AHEAD];
+	__u64 keys[XDPLB_SESS_KEYS];
+
+	xdplb_sess_keys(seed, keys);
 
 	/* The sets are random lines of a large table: ask for them IMPORT_AHEAD sessions
 	 * early (for writing), so that their misses overlap instead of following each other. */
 	for (i = 0; i < n && i < IMPORT_AHEAD; i++) {
-		tags[i] = entry_hash(&in[i].entry, seed);
+		tags[i] = entry_hash(&in[i].entry, keys);
 		prefetch_set(&sets[tags[i] & mask]);
 	}
 	for (i = 0; i < n; i++) {
@@ -265,7 +268,7 @@ uint32_t xdplb_sess_import(void *base, uint32_t mask, uint32_t seed, uint16_t ge
 		int rc = XDPLB_IMPORT_BUSY;
 
 		if (i + IMPORT_AHEAD < n) {
-			tags[i % IMPORT_AHEAD] = entry_hash(&in[i + IMPORT_AHEAD].entry, seed);
+			tags[i % IMPORT_AHEAD] = entry_hash(&in[i + IMPORT_AHEAD].entry, keys);
 			prefetch_set(&sets[tags[i % IMPORT_AHEAD] & mask]);
 		}
 		for (t = 0; t < tries && rc == XDPLB_IMPORT_BUSY; t++)
@@ -284,8 +287,13 @@ int xdplb_sess_get(void *base, uint32_t mask, uint32_t seed, const struct xdplb_
 		   uint32_t tries, struct xdplb_session *out, uint32_t *pos)
 {
 	struct xdplb_conn_set *sets = base, c;
-	uint32_t tag = xdplb_sess_hash((const __u32 *)key, seed), set = tag & mask, w;
 	struct xdplb_conn_entry k = {};
+	__u64 keys[XDPLB_SESS_KEYS];
+	uint32_t tag, set, w;
+
+	xdplb_sess_keys(seed, keys);
+	tag = xdplb_sess_hash((const __u32 *)key, keys);
+	set = tag & mask;
 
 	memcpy(k.src, key->src, sizeof(k.src));
 	memcpy(k.dst, key->dst, sizeof(k.dst));
