@@ -26,6 +26,8 @@
 #include <bpf/bpf_helpers.h>
 #include <bpf/bpf_endian.h>
 
+#include "lib/wrap.h"
+
 #define BENCH_MAX_PKT 256
 
 /* Keep in sync with bench/harness.py (BenchPkt). */
@@ -55,14 +57,9 @@ struct {
 
 static __always_inline int xor16(struct xdp_md *ctx, __u32 off, __u16 x)
 {
-	void *data = (void *)(long)ctx->data;
-	void *data_end = (void *)(long)ctx->data_end;
-	__u16 *p;
+	__u16 *p = wrap_u16(ctx, off, BENCH_MAX_PKT);
 
-	if (off > BENCH_MAX_PKT - 2)
-		return -1;
-	p = data + off;
-	if ((void *)(p + 1) > data_end)
+	if (!p)
 		return -1;
 	*p ^= x;
 	return 0;
@@ -74,7 +71,6 @@ int bench_wrap(struct xdp_md *ctx)
 	struct bench_pkt *pkt;
 	__u32 zero = 0;
 	__u32 len, v;
-	int cur;
 
 	pkt = bpf_map_lookup_elem(&bench_pkt, &zero);
 	if (!pkt)
@@ -83,12 +79,8 @@ int bench_wrap(struct xdp_md *ctx)
 	if (len < 14 || len > BENCH_MAX_PKT)
 		return XDP_ABORTED;
 
-	/* 1. Back to the original length: shrinks what the last iteration grew. */
-	cur = (int)(ctx->data_end - ctx->data);
-	if (bpf_xdp_adjust_head(ctx, cur - (int)len))
-		return XDP_ABORTED;
-	/* 2. The original bytes. */
-	if (bpf_xdp_store_bytes(ctx, 0, pkt->data, len))
+	/* 1, 2. The original length and bytes. */
+	if (wrap_restore(ctx, pkt->data, len))
 		return XDP_ABORTED;
 	/* 3. Flow variation (a no-op XOR with mask 0). */
 	v = pkt->ctr & pkt->mask;

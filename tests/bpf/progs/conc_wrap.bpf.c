@@ -17,6 +17,8 @@
 #include <linux/bpf.h>
 #include <bpf/bpf_helpers.h>
 
+#include "lib/wrap.h"
+
 #define CONC_MAX_PKT	128
 #define CONC_MAX_FLOWS	64
 
@@ -59,14 +61,9 @@ struct {
 
 static __always_inline int put16(struct xdp_md *ctx, __u32 off, __u16 v)
 {
-	void *data = (void *)(long)ctx->data;
-	void *data_end = (void *)(long)ctx->data_end;
-	__u16 *p;
+	__u16 *p = wrap_u16(ctx, off, CONC_MAX_PKT);
 
-	if (off > CONC_MAX_PKT - 2)
-		return -1;
-	p = data + off;
-	if ((void *)(p + 1) > data_end)
+	if (!p)
 		return -1;
 	*p = v;
 	return 0;
@@ -79,7 +76,6 @@ int conc_wrap(struct xdp_md *ctx)
 	struct conc_cpu *st;
 	__u32 zero = 0, len, i;
 	__u64 x;
-	int cur;
 
 	pkt = bpf_map_lookup_elem(&conc_pkt, &zero);
 	st = bpf_map_lookup_elem(&conc_cpu, &zero);
@@ -88,11 +84,7 @@ int conc_wrap(struct xdp_md *ctx)
 	len = pkt->len;
 	if (len < 14 || len > CONC_MAX_PKT)
 		return XDP_ABORTED;
-	/* The original length (the program under test grew the head), then its bytes. */
-	cur = (int)(ctx->data_end - ctx->data);
-	if (bpf_xdp_adjust_head(ctx, cur - (int)len))
-		return XDP_ABORTED;
-	if (bpf_xdp_store_bytes(ctx, 0, pkt->data, len))
+	if (wrap_restore(ctx, pkt->data, len))
 		return XDP_ABORTED;
 	x = st->rng ? st->rng : 0x9e3779b97f4a7c15ULL * (bpf_get_smp_processor_id() + 1);
 	x ^= x << 13;
