@@ -435,14 +435,17 @@ def test_status_page(served: tuple[Lab, FakeDaemon, int], tmp_path: Path) -> Non
         assert b.text(f'{vip_sel(v4.name)} [data-field="all_down"]') == ""
 
         # Rates from the counter deltas between two polls; the app counts 100 bytes per
-        # packet, so bits/s is exactly 800 x packets/s whatever the polls' timing.
+        # packet, so bits/s is exactly 800 x packets/s whatever the polls' timing. The
+        # three are read in one script, so from one render (a poll between two separate
+        # reads would pair rates of different intervals).
         def rates(b: Browser) -> tuple[float, float, float] | None:
-            card = vip_sel(v4.name)
-            values = [
-                b.attr(f'{card} [data-field="{f}"]', "data-value")
-                for f in ("rate_packets", "rate_bits", "rate_new_flows")
-            ]
-            if not all(values):
+            values = b.js(
+                "return ['rate_packets', 'rate_bits', 'rate_new_flows'].map((f) => {"
+                "  const n = document.querySelector(`${arguments[0]} [data-field='${f}']`);"
+                "  return n && n.getAttribute('data-value'); });",
+                vip_sel(v4.name),
+            )
+            if not values or not all(values):
                 return None
             pps, bps, cps = (float(v or 0) for v in values)
             return (pps, bps, cps) if pps > 0 else None
