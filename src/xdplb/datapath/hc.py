@@ -64,7 +64,7 @@ from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any, NamedTuple
 
-from xdplb.core import abi, hashing, paths
+from xdplb.core import abi, paths
 from xdplb.core.addresses import IPAddress
 from xdplb.core.closing import Closing
 from xdplb.core.errors import XdplbError
@@ -254,7 +254,6 @@ def _hc_config(
     source_v4: IPAddress | None, source_v6: IPAddress | None, gue_port: int, hash_seed: int
 ) -> abi.Config:
     cfg = abi.Config(gue_port=socket.htons(gue_port), hash_seed=hash_seed)
-    cfg.sess_key[:] = hashing.sess_keys(hash_seed)  # lb_config's, though hc_tc has no sessions
     if source_v4 is not None:
         cfg.src4 = abi.addr_words(source_v4)[0]
     if source_v6 is not None:
