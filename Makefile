@@ -16,7 +16,8 @@ TEST_OBJS  := $(patsubst tests/bpf/progs/%.bpf.c,build/test/%.bpf.o,$(TEST_SRCS)
 BPF_HDRS   := $(wildcard bpf/include/*.h bpf/lib/*.h)
 # lb_xdp with another map layout, for the upgrade tests (docs/operations.md, "Upgrades"):
 # the next layout as a release would make it, and one the migration must refuse.
-LAYOUT_OBJS := build/test/lb_xdp_abi_next.bpf.o build/test/lb_xdp_abi_bad.bpf.o
+LAYOUT_OBJS := build/test/lb_xdp_abi_next.bpf.o build/test/lb_xdp_abi_bad.bpf.o \
+               build/test/lb_tc_abi_next.bpf.o build/test/lb_tc_abi_bad.bpf.o
 # The legacy layout: lb_xdp of the last release before pins were versioned, built from
 # its commit's bpf/ (git archive), for the tests only.
 LEGACY_COMMIT := 3e42602
@@ -59,6 +60,15 @@ build/test/lb_xdp_abi_next.bpf.o: bpf/lb_xdp.bpf.c $(BPF_HDRS)
 	$(CLANG) $(BPF_CFLAGS) -DXDPLB_ABI_TEST_NEXT -c $< -o $@
 
 build/test/lb_xdp_abi_bad.bpf.o: bpf/lb_xdp.bpf.c $(BPF_HDRS)
+	@mkdir -p build/test
+	$(CLANG) $(BPF_CFLAGS) -DXDPLB_ABI_TEST_BAD -c $< -o $@
+
+# lb_tc of the same layouts: a daemon of a test build attaches it where the hook is TC.
+build/test/lb_tc_abi_next.bpf.o: bpf/lb_tc.bpf.c $(BPF_HDRS)
+	@mkdir -p build/test
+	$(CLANG) $(BPF_CFLAGS) -DXDPLB_ABI_TEST_NEXT -c $< -o $@
+
+build/test/lb_tc_abi_bad.bpf.o: bpf/lb_tc.bpf.c $(BPF_HDRS)
 	@mkdir -p build/test
 	$(CLANG) $(BPF_CFLAGS) -DXDPLB_ABI_TEST_BAD -c $< -o $@
 

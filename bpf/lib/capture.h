@@ -24,6 +24,7 @@
 #include <bpf/bpf_helpers.h>
 
 #include "xdplb_abi.h"
+#include "lib/hook.h"
 #include "lib/lb_parse.h"
 #include "lib/lb_select.h"
 
@@ -102,7 +103,7 @@ lb_cap_sample(const struct xdplb_capture_config *cap, const struct lb_pkt *pkt, 
 }
 
 /* A sampled packet: expiry, the per-second cap, then the record.  Out of line: it is rare. */
-static __noinline int lb_cap_emit(struct xdp_md *ctx, struct xdplb_capture_config *cap,
+static __noinline int lb_cap_emit(struct lb_ctx *ctx, struct xdplb_capture_config *cap,
 				  struct xdplb_capture_state *st, const struct lb_cap_info *info)
 {
 	struct xdplb_capture_rec *rec;
@@ -131,7 +132,7 @@ static __noinline int lb_cap_emit(struct xdp_md *ctx, struct xdplb_capture_confi
 		st->ring_full += 1;
 		return 0;
 	}
-	len = ctx->data_end - ctx->data;
+	len = lb_frame_len(ctx);
 	snap = cap->snap_len;
 	if (snap > XDPLB_CAP_SNAP_MAX)
 		snap = XDPLB_CAP_SNAP_MAX;
@@ -141,7 +142,7 @@ static __noinline int lb_cap_emit(struct xdp_md *ctx, struct xdplb_capture_confi
 	rec->point = info->point;
 	rec->reason = info->reason;
 	rec->ifindex = ctx->ingress_ifindex;
-	rec->rx_queue = ctx->rx_queue_index;
+	rec->rx_queue = lb_rx_queue(ctx);
 	rec->pkt_len = len;
 	rec->vip_id = info->vip_id;
 	rec->be_id = info->be_id;
@@ -154,7 +155,7 @@ static __noinline int lb_cap_emit(struct xdp_md *ctx, struct xdplb_capture_confi
 	if (snap > 0) {
 		/* The same value in [1, XDPLB_CAP_SNAP_MAX] (a power of 2), as the verifier sees it. */
 		snap = ((snap - 1) & (XDPLB_CAP_SNAP_MAX - 1)) + 1;
-		if (bpf_xdp_load_bytes(ctx, 0, rec->data, snap) == 0)
+		if (lb_load_bytes(ctx, 0, rec->data, snap) == 0)
 			rec->cap_len = snap;
 	}
 	bpf_ringbuf_submit(rec, 0);
@@ -163,7 +164,7 @@ static __noinline int lb_cap_emit(struct xdp_md *ctx, struct xdplb_capture_confi
 }
 
 /* Point FORWARD, at step 10: the backend chosen and how, the frame not yet encapsulated. */
-static __noinline void lb_capture_forward(struct xdp_md *ctx, const struct lb_pkt *pkt,
+static __noinline void lb_capture_forward(struct lb_ctx *ctx, const struct lb_pkt *pkt,
 					  __u32 vip_id, const struct lb_target *tgt,
 					  __u32 new_flow)
 {
@@ -199,7 +200,7 @@ static __noinline void lb_capture_forward(struct xdp_md *ctx, const struct lb_pk
  * (LOCAL, FIB_PASS) were recorded as forwards; TX and REDIRECT verdicts are
  * not recorded here.
  */
-static __noinline void lb_capture_verdict(struct xdp_md *ctx, const struct lb_pkt *pkt, int rc)
+static __noinline void lb_capture_verdict(struct lb_ctx *ctx, const struct lb_pkt *pkt, int rc)
 {
 	struct xdplb_capture_config *cap = lb_capture_on();
 	struct xdplb_capture_state *st;

@@ -4,7 +4,7 @@
  * front of the original IP packet, then route the result (step 12).
  *
  * lb_encap() is always inlined with constant (family, GUE, hop count), so
- * each variant gets constant header sizes: one bpf_xdp_adjust_head(), one
+ * each variant gets constant header sizes: one lb_push_outer() (hook.h), one
  * bounds check, fixed-offset stores.  The hop count is 1..XDPLB_MAX_HOPS:
  * the first hop, then tgt->next[0 .. hops - 2].
  */
@@ -21,6 +21,7 @@
 #include <bpf/bpf_endian.h>
 
 #include "xdplb_abi.h"
+#include "lib/hook.h"
 #include "lib/parsing.h"
 #include "lib/csum.h"
 #include "lib/gue.h"
@@ -32,7 +33,7 @@
 
 #define LB_OUTER_TTL	64
 
-static __always_inline int lb_encap(struct xdp_md *ctx, const struct lb_pkt *pkt,
+static __always_inline int lb_encap(struct lb_ctx *ctx, const struct lb_pkt *pkt,
 				    const struct lb_target *tgt,
 				    const struct xdplb_config *cfg,
 				    const int v6, const int gue, const int hops)
@@ -44,8 +45,8 @@ static __always_inline int lb_encap(struct xdp_md *ctx, const struct lb_pkt *pkt
 				    hops * hop_len : 0;
 	const __u32 outer_len = l3_len + gue_len;
 	const __u8 inner_proto = pkt->family == XDPLB_FAMILY_V4 ? IPPROTO_IPIP : IPPROTO_IPV6;
-	void *data = (void *)(long)ctx->data;
-	void *data_end = (void *)(long)ctx->data_end;
+	void *data = lb_data(ctx);
+	void *data_end = lb_data_end(ctx);
 	__u32 mac0, mac1, mac2, ptb;
 	struct ethhdr *eth;
 	void *l3;
@@ -65,12 +66,12 @@ static __always_inline int lb_encap(struct xdp_md *ctx, const struct lb_pkt *pkt
 	mac2 = ((__u32 *)data)[2];
 
 	/* Grow the head so the inner IP header (after any VLAN tag) follows ours. */
-	if (bpf_xdp_adjust_head(ctx, (int)pkt->l3_off - (int)(ETH_HLEN + outer_len)))
+	if (lb_push_outer(ctx, pkt->l3_off, outer_len, v6, gue, pkt->flow.proto))
 		return lb_drop(XDPLB_DROP_ENCAP);
 
-	/* adjust_head invalidated every packet pointer: reload and re-check. */
-	data = (void *)(long)ctx->data;
-	data_end = (void *)(long)ctx->data_end;
+	/* Growing invalidated every packet pointer: reload and re-check. */
+	data = lb_data(ctx);
+	data_end = lb_data_end(ctx);
 	if (data + ETH_HLEN + outer_len > data_end)
 		return lb_drop(XDPLB_DROP_ENCAP);
 

@@ -20,6 +20,7 @@
 #include <bpf/bpf_helpers.h>
 
 #include "xdplb_abi.h"
+#include "lib/hook.h"
 #include "lib/parsing.h"
 #include "lib/counters.h"
 #include "lib/lb_ptb.h"
@@ -62,22 +63,22 @@ static __always_inline void mac_copy(void *dst, const void *src)
 }
 
 /* Send the frame towards a resolved next hop: XDP_TX or a redirect. */
-static __always_inline int lb_fib_send(struct xdp_md *ctx, struct ethhdr *eth,
+static __always_inline int lb_fib_send(struct lb_ctx *ctx, struct ethhdr *eth,
 				       const __u8 *dmac, const __u8 *smac, __u32 out_ifindex)
 {
 	mac_copy(eth->h_dest, dmac);
 	mac_copy(eth->h_source, smac);
 	if (out_ifindex == ctx->ingress_ifindex) {
 		lb_count_event(XDPLB_EV_TX);
-		return XDP_TX;
+		return lb_tx(ctx);
 	}
 	lb_count_event(XDPLB_EV_REDIRECT);
-	return bpf_redirect(out_ifindex, 0);
+	return lb_redirect(ctx, out_ifindex);
 }
 
 /* A usable cache entry for this destination, ingress device and length, or NULL. */
 static __always_inline struct lb_nexthop *
-lb_nh_cached(struct xdp_md *ctx, __u32 be_id, const __u32 *dst, const int v6, __u32 len)
+lb_nh_cached(struct lb_ctx *ctx, __u32 be_id, const __u32 *dst, const int v6, __u32 len)
 {
 	struct lb_nexthop *nh = bpf_map_lookup_elem(&lb_nexthops, &be_id);
 
@@ -97,7 +98,7 @@ lb_nh_cached(struct xdp_md *ctx, __u32 be_id, const __u32 *dst, const int v6, __
  * encapsulation overhead when a packet too big is answered (lib/lb_ptb.h),
  * else 0.
  */
-static __always_inline int lb_fib_finish(struct xdp_md *ctx, struct ethhdr *eth,
+static __always_inline int lb_fib_finish(struct lb_ctx *ctx, struct ethhdr *eth,
 					 struct bpf_fib_lookup *fib, __u32 be_id,
 					 const __u32 *dst, __u32 len, __u32 ptb)
 {
@@ -134,11 +135,11 @@ static __always_inline int lb_fib_finish(struct xdp_md *ctx, struct ethhdr *eth,
 	return lb_drop(XDPLB_DROP_FIB);
 }
 
-static __always_inline int lb_fib_forward4(struct xdp_md *ctx, struct ethhdr *eth,
+static __always_inline int lb_fib_forward4(struct lb_ctx *ctx, struct ethhdr *eth,
 					   const struct iphdr *iph, __u32 be_id, __u32 ptb)
 {
 	__u32 dst[4] = { iph->daddr, 0, 0, 0 };
-	__u32 len = bpf_ntohs(iph->tot_len);
+	__u32 len = lb_mtu_len(ctx, bpf_ntohs(iph->tot_len));
 	struct bpf_fib_lookup fib = {};
 	struct lb_nexthop *nh;
 
@@ -156,10 +157,10 @@ static __always_inline int lb_fib_forward4(struct xdp_md *ctx, struct ethhdr *et
 	return lb_fib_finish(ctx, eth, &fib, be_id, dst, len, ptb);
 }
 
-static __always_inline int lb_fib_forward6(struct xdp_md *ctx, struct ethhdr *eth,
+static __always_inline int lb_fib_forward6(struct lb_ctx *ctx, struct ethhdr *eth,
 					   const struct ipv6hdr *ip6h, __u32 be_id, __u32 ptb)
 {
-	__u32 len = sizeof(*ip6h) + bpf_ntohs(ip6h->payload_len);
+	__u32 len = lb_mtu_len(ctx, sizeof(*ip6h) + bpf_ntohs(ip6h->payload_len));
 	const __u32 *dst = (const __u32 *)&ip6h->daddr;
 	struct bpf_fib_lookup fib = {};
 	struct lb_nexthop *nh;

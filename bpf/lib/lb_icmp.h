@@ -23,6 +23,7 @@
 #include <bpf/bpf_endian.h>
 
 #include "xdplb_abi.h"
+#include "lib/hook.h"
 #include "lib/parsing.h"
 #include "lib/counters.h"
 #include "lib/hash.h"
@@ -91,11 +92,11 @@ static __always_inline int lb_frag_vip(const struct lb_pkt *pkt,
  * the addresses changes neither the IPv4 header sum nor the ICMPv6
  * pseudo-header sum).
  */
-static __always_inline int lb_icmp_echo(struct xdp_md *ctx, const struct lb_pkt *pkt,
+static __always_inline int lb_icmp_echo(struct lb_ctx *ctx, const struct lb_pkt *pkt,
 					struct lb_cursor *cur, __u8 *icmp)
 {
-	void *data = (void *)(long)ctx->data;
-	void *data_end = (void *)(long)ctx->data_end;
+	void *data = lb_data(ctx);
+	void *data_end = lb_data_end(ctx);
 	__u16 *eth = data;
 	__u16 old, w;
 
@@ -130,7 +131,7 @@ static __always_inline int lb_icmp_echo(struct xdp_md *ctx, const struct lb_pkt 
 	}
 	csum_replace16((__u16 *)(icmp + 2), old, *(__u16 *)icmp);
 	lb_count_event(XDPLB_EV_ICMP_ECHO);
-	return XDP_TX;
+	return lb_tx(ctx);
 }
 
 /*
@@ -139,9 +140,9 @@ static __always_inline int lb_icmp_echo(struct xdp_md *ctx, const struct lb_pkt 
  * TCP/UDP right after the fixed header); reversed, it becomes pkt->flow - the
  * client's flow.  Returns LB_CONTINUE, or a drop verdict.
  */
-static __always_inline int lb_icmp_quote(struct xdp_md *ctx, struct lb_pkt *pkt, __u8 *icmp)
+static __always_inline int lb_icmp_quote(struct lb_ctx *ctx, struct lb_pkt *pkt, __u8 *icmp)
 {
-	void *data_end = (void *)(long)ctx->data_end;
+	void *data_end = lb_data_end(ctx);
 	__u8 *q = icmp + LB_ICMP_HLEN;
 	__u32 left = pkt->l4_len - LB_ICMP_HLEN;	/* l4_len >= 8: checked */
 	__u16 *ports;
@@ -194,13 +195,13 @@ static __always_inline int lb_icmp_quote(struct xdp_md *ctx, struct lb_pkt *pkt,
  * or LB_CONTINUE with *vipp and tgt filled in: encapsulate it.  cfg is
  * lb_config[0], NULL if missing.
  */
-static __always_inline int lb_icmp_frag(struct xdp_md *ctx, struct lb_pkt *pkt,
+static __always_inline int lb_icmp_frag(struct lb_ctx *ctx, struct lb_pkt *pkt,
 					struct lb_cursor *cur,
 					const struct xdplb_config *cfg, __u32 now,
 					const struct xdplb_vip_info **vipp,
 					struct lb_target *tgt)
 {
-	void *data_end = (void *)(long)ctx->data_end;
+	void *data_end = lb_data_end(ctx);
 	const struct xdplb_vip_addr_info *ai;
 	struct xdplb_addr key = {};
 	__u8 *icmp = cur->l4;

@@ -13,6 +13,7 @@
 #include <bpf/bpf_helpers.h>
 
 #include "xdplb_abi.h"
+#include "lib/hook.h"
 #include "lib/parsing.h"
 #include "lib/hash.h"
 #include "lib/lb_maps.h"
@@ -84,23 +85,28 @@ static __always_inline int lb_vip_drop_or_pass(const struct lb_pkt *pkt,
 }
 
 /* Steps 1-2: addresses, family, lengths and the upper-layer protocol (flow.proto). */
-static __always_inline int lb_parse_ip(struct xdp_md *ctx, struct lb_pkt *pkt,
+static __always_inline int lb_parse_ip(struct lb_ctx *ctx, struct lb_pkt *pkt,
 				       struct lb_cursor *cur)
 {
-	void *data = (void *)(long)ctx->data;
-	void *data_end = (void *)(long)ctx->data_end;
+	void *data = lb_data(ctx);
+	void *data_end = lb_data_end(ctx);
 	struct hdr_cursor nh = { .pos = data };
 	struct ethhdr *eth;
 	int h_proto, proto;
+	__u32 skb_left = 0;
 
 	h_proto = parse_ethhdr(&nh, data_end, &eth);
 	pkt->l3_off = nh.pos - data;
 	cur->l3 = nh.pos;
+#ifdef XDPLB_HOOK_TC
+	/* A GSO or GRO packet's payload is in pages beyond data_end: lengths are the skb's. */
+	skb_left = ctx->len - pkt->l3_off;
+#endif
 
 	if (h_proto == bpf_htons(ETH_P_IP)) {
 		struct iphdr *iph;
 
-		proto = parse_iphdr(&nh, data_end, &iph, &pkt->ip_len);
+		proto = parse_iphdr(&nh, data_end, &iph, &pkt->ip_len, skb_left);
 		if (proto < 0)
 			return lb_pass(XDPLB_EV_PASS_MALFORMED);
 		pkt->family = XDPLB_FAMILY_V4;
@@ -112,7 +118,7 @@ static __always_inline int lb_parse_ip(struct xdp_md *ctx, struct lb_pkt *pkt,
 	} else if (h_proto == bpf_htons(ETH_P_IPV6)) {
 		struct ipv6hdr *ip6h;
 
-		proto = parse_ip6hdr(&nh, data_end, &ip6h, &pkt->ip_len);
+		proto = parse_ip6hdr(&nh, data_end, &ip6h, &pkt->ip_len, skb_left);
 		if (proto < 0)
 			return lb_pass(XDPLB_EV_PASS_MALFORMED);
 		pkt->family = XDPLB_FAMILY_V6;
@@ -139,11 +145,11 @@ static __always_inline int lb_parse_ip(struct xdp_md *ctx, struct lb_pkt *pkt,
  * Steps 3-5: TCP/UDP fragments and ICMP go to lib/lb_icmp.h (LB_SLOW), other
  * protocols pass, then the ports of TCP and UDP.
  */
-static __always_inline int lb_parse_l4(struct xdp_md *ctx, struct lb_pkt *pkt,
+static __always_inline int lb_parse_l4(struct lb_ctx *ctx, struct lb_pkt *pkt,
 				       struct lb_cursor *cur)
 {
 	struct hdr_cursor nh = { .pos = cur->l4 };
-	void *data_end = (void *)(long)ctx->data_end;
+	void *data_end = lb_data_end(ctx);
 	__u8 proto = pkt->flow.proto;
 	__u32 ports;
 

@@ -28,6 +28,7 @@
 #include <bpf/bpf_endian.h>
 
 #include "xdplb_abi.h"
+#include "lib/hook.h"
 #include "lib/parsing.h"
 #include "lib/csum.h"
 #include "lib/counters.h"
@@ -62,10 +63,10 @@ static __always_inline __u64 lb_ptb_sum(const __u32 *p, __u32 n, void *data_end,
  * original packet's first qlen bytes], qlen = min(IP length, quote) rounded
  * down to 4 bytes.  mtu is bpf_fib_lookup()'s mtu_result.
  */
-static __noinline int lb_icmp_ptb(struct xdp_md *ctx, __u32 mtu, __u32 overhead)
+static __noinline int lb_icmp_ptb(struct lb_ctx *ctx, __u32 mtu, __u32 overhead)
 {
-	void *data = (void *)(long)ctx->data;
-	void *data_end = (void *)(long)ctx->data_end;
+	void *data = lb_data(ctx);
+	void *data_end = lb_data_end(ctx);
 	__u8 *inner = data + ETH_HLEN + overhead;
 	__u32 mac[3], addr[8], ip_len, qlen, hlen, i;
 	__u16 *eth;
@@ -104,14 +105,10 @@ static __noinline int lb_icmp_ptb(struct xdp_md *ctx, __u32 mtu, __u32 overhead)
 	mtu -= overhead;
 
 	/* The new headers end where the original packet starts; the quote ends the frame. */
-	if (bpf_xdp_adjust_head(ctx, (int)overhead - (int)hlen))
+	if (lb_reshape(ctx, overhead, hlen, ETH_HLEN + hlen + qlen))
 		return lb_drop(XDPLB_DROP_TOO_BIG);
-	data = (void *)(long)ctx->data;
-	data_end = (void *)(long)ctx->data_end;
-	if (bpf_xdp_adjust_tail(ctx, (int)(ETH_HLEN + hlen + qlen) - (int)(data_end - data)))
-		return lb_drop(XDPLB_DROP_TOO_BIG);
-	data = (void *)(long)ctx->data;
-	data_end = (void *)(long)ctx->data_end;
+	data = lb_data(ctx);
+	data_end = lb_data_end(ctx);
 	if (data + ETH_HLEN + LB_PTB_HLEN6 > data_end)
 		return lb_drop(XDPLB_DROP_TOO_BIG);
 
@@ -167,7 +164,7 @@ static __noinline int lb_icmp_ptb(struct xdp_md *ctx, __u32 mtu, __u32 overhead)
 		*(__u16 *)(icmp + 2) = csum_fold64(sum);
 	}
 	lb_count_event(XDPLB_EV_ICMP_PTB);
-	return XDP_TX;
+	return lb_tx(ctx);
 }
 
 #endif /* XDPLB_LIB_LB_PTB_H */

@@ -68,9 +68,12 @@ static __always_inline int parse_ethhdr(struct hdr_cursor *nh, void *data_end,
  * IPv4 header with options.  Accepts version 4, IHL >= 5, the whole header
  * in the frame and ihl*4 <= tot_len <= bytes left.  Returns the protocol,
  * or -1.  *ip_len is tot_len; the cursor ends on the L4 header.
+ *
+ * skb_left: 0 where the frame ends at data_end; else the bytes an skb holds
+ * from the IP header on, its linear data and its pages (lb_tc, hook.h).
  */
 static __always_inline int parse_iphdr(struct hdr_cursor *nh, void *data_end,
-				       struct iphdr **iphdr, __u32 *ip_len)
+				       struct iphdr **iphdr, __u32 *ip_len, __u32 skb_left)
 {
 	struct iphdr *iph = nh->pos;
 	__u32 hdrsize, tot_len;
@@ -88,7 +91,9 @@ static __always_inline int parse_iphdr(struct hdr_cursor *nh, void *data_end,
 	if (nh->pos + hdrsize > data_end)
 		return -1;
 	tot_len = bpf_ntohs(iph->tot_len);
-	if (tot_len < hdrsize || nh->pos + tot_len > data_end)
+	if (tot_len < hdrsize)
+		return -1;
+	if (skb_left ? tot_len > skb_left : nh->pos + tot_len > data_end)
 		return -1;
 
 	*iphdr = iph;
@@ -100,9 +105,10 @@ static __always_inline int parse_iphdr(struct hdr_cursor *nh, void *data_end,
 /*
  * Fixed IPv6 header; extension headers: parse_ip6_exthdrs().  Accepts
  * 40 + payload_len <= bytes left.  Returns the next header, or -1.
+ * skb_left as for parse_iphdr().
  */
 static __always_inline int parse_ip6hdr(struct hdr_cursor *nh, void *data_end,
-					struct ipv6hdr **ip6hdr, __u32 *ip_len)
+					struct ipv6hdr **ip6hdr, __u32 *ip_len, __u32 skb_left)
 {
 	struct ipv6hdr *ip6h = nh->pos;
 	__u32 len;
@@ -112,7 +118,7 @@ static __always_inline int parse_ip6hdr(struct hdr_cursor *nh, void *data_end,
 	if ((*(__u8 *)ip6h >> 4) != 6)
 		return -1;
 	len = sizeof(*ip6h) + bpf_ntohs(ip6h->payload_len);
-	if (nh->pos + len > data_end)
+	if (skb_left ? len > skb_left : nh->pos + len > data_end)
 		return -1;
 
 	*ip6hdr = ip6h;

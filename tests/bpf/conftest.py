@@ -5,8 +5,9 @@
   permanent neighbours for the fixture backends. This thread runs inside it (xdplb.lab.netns)
   for the whole module, so test_run's ingress_ifindex and bpf_fib_lookup() see its
   devices, routes and neighbours; it is left and deleted afterwards whatever happens.
-- ``lb_obj`` (module): build/lb_xdp.bpf.o loaded with its pins under
-  /sys/fs/bpf/xdplbt-<pid>-<n> (removed afterwards).
+- ``lb_obj`` (module): build/lb_xdp.bpf.o, then build/lb_tc.bpf.o (``lb_hook``: the
+  module runs once per hook), loaded with its pins under /sys/fs/bpf/xdplbt-<pid>-<n>
+  (removed afterwards).
 - ``lb`` (function): the object with every map reset to the fixture configuration of
   tests/bpf/lb_fixtures.py, plus helpers to run packets and read counters
   (tests/bpf/lb_harness.py).
@@ -39,11 +40,18 @@ def lb_netns() -> Iterator[LabNetns]:
         subprocess.run(["ip", "netns", "del", name], check=False, capture_output=True)
 
 
+@pytest.fixture(scope="module", params=["lb_xdp", "lb_tc"])
+def lb_hook(request: pytest.FixtureRequest) -> str:
+    """The balancer's program under test: every module that uses ``lb_obj`` runs once
+    per hook (one table, two hooks), unless it overrides this fixture."""
+    return str(request.param)
+
+
 @pytest.fixture(scope="module")
-def lb_obj() -> Iterator[BpfObject]:
+def lb_obj(lb_hook: str) -> Iterator[BpfObject]:
     pin_root = Path(f"/sys/fs/bpf/xdplbt-{os.getpid()}-{next(serial)}")
     try:
-        obj = BpfObject.load(paths.bpf_object("lb_xdp"), pin_root=pin_root)
+        obj = BpfObject.load(paths.bpf_object(lb_hook), pin_root=pin_root)
         try:
             yield obj
         finally:

@@ -47,7 +47,7 @@ from typing import Any
 import fuzz_strategies as fs
 import numpy as np
 from hypothesis import HealthCheck, Phase, Verbosity, given, seed, settings
-from lb_harness import LabNetns, configure_lab, serial
+from lb_harness import FrameRefused, LabNetns, configure_lab, serial
 from test_differential import (
     VIP4,
     VIP6,
@@ -366,7 +366,11 @@ class Checker:
         if d.conn_insert is not None and self._would_evict(d.conn_insert[0]):
             self.end_chunk()
             d = model.decide(self.state, frame)
-        r = self.mlb.run(frame)
+        try:
+            r = self.mlb.run(frame)
+        except FrameRefused:  # lb_tc: a frame no skb test run can carry
+            self.result.outcomes["refused by the skb test run"] += 1
+            return
         self.result.packets += 1
         action = model.XdpAction(r.retval).name if 0 <= r.retval <= 4 else str(r.retval)
         why = d.drop.name if d.drop is not None else (d.events[0].name if d.events else "")
@@ -497,6 +501,8 @@ class WorkerArgs:
     packets: int
     seed: int
     state: str = "differential-v1"
+    #: The balancer's object: lb_xdp or lb_tc.
+    program: str = "lb_xdp"
     #: Stop early after this long, whatever the packet count (a guard, not a target).
     max_seconds: float = 1800.0
 
@@ -506,10 +512,10 @@ class _Done(Exception):
 
 
 def worker(args: WorkerArgs) -> WorkerResult:
-    """A worker process: its own lb_xdp, the lab namespace, hypothesis until the budget."""
+    """A worker process: its own balancer, the lab namespace, hypothesis until the budget."""
     t0 = time.perf_counter()
     with netns.enter(args.ns):
-        obj = BpfObject.load(paths.bpf_object("lb_xdp"), pin_root=args.pin_root)
+        obj = BpfObject.load(paths.bpf_object(args.program), pin_root=args.pin_root)
         mlb = ModelLb(obj, args.ifindex, bytes.fromhex(args.mac.replace(":", "")), [])
         host: BpfObject | None = None
         try:
@@ -600,10 +606,14 @@ def _lab(workers: int) -> Iterator[Lab]:
 
 
 def run_fuzz(
-    packets: int, seed_: int = DEFAULT_SEED, workers: int = 2, states: tuple[str, ...] = ()
+    packets: int,
+    seed_: int = DEFAULT_SEED,
+    workers: int = 2,
+    states: tuple[str, ...] = (),
+    program: str = "lb_xdp",
 ) -> FuzzReport:
     """``packets`` frames split over ``max(workers, len(states))`` jobs run by ``workers``
-    processes (spawned: each job loads its own lb_xdp), job i drawing with hypothesis
+    processes (spawned: each job loads its own ``program``), job i drawing with hypothesis
     seed ``seed_ + i`` against state ``states[i % len(states)]`` (default: every state
     of :data:`STATES`), so every state gets its share whatever the worker count."""
     states = states or tuple(STATES)
@@ -623,6 +633,7 @@ def run_fuzz(
                 share,
                 seed_ + i,
                 states[i % len(states)],
+                program,
             )
             for i in range(njobs)
         ]

@@ -8,6 +8,7 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import dataclasses
+import errno
 import itertools
 import mmap
 import struct
@@ -22,6 +23,7 @@ from xdplb.config import Config
 from xdplb.control import planner
 from xdplb.control.planner import MemberOverrides
 from xdplb.core import abi, hashing, mapops
+from xdplb.core.errors import BpfError
 from xdplb.core.state import (
     DEFAULT_TIMEOUTS,
     LbConfig,
@@ -35,6 +37,8 @@ from xdplb.core.state import (
 from xdplb.datapath import BPF_F_INNER_MAP, BpfObject, Map, MapType, TestRunResult, clock
 from xdplb.datapath.conns import ConnTable, Entry
 from xdplb.datapath.lb import MAP_NAMES, TABLE_MAPS, LbMaps
+from xdplb.datapath.programs import Program
+from xdplb.datapath.testrun import BPF_PROG_TYPE_SCHED_CLS, skb_ctx
 
 #: A table as the harness installed it: first hops, later hops, kind.
 _TableDef = tuple[tuple[int, ...], tuple[tuple[int, ...], ...], abi.TableKind]
@@ -84,6 +88,60 @@ def configure_lab(name: str) -> LabNetns:
 
 def _sum_u64(m: Map, idx: int) -> int:
     return sum(struct.unpack("<Q", v)[0] for v in m.lookup_percpu(_u32(idx)))
+
+
+#: XDP actions (linux/bpf.h), the verdicts every test compares.
+XDP_DROP, XDP_PASS, XDP_TX, XDP_REDIRECT = 1, 2, 3, 4
+#: TC verdicts (linux/pkt_cls.h) as test_run's unsigned retval.
+TC_ACT_UNSPEC, TC_ACT_SHOT, TC_ACT_REDIRECT = 0xFFFFFFFF, 2, 7
+
+
+class FrameRefused(Exception):
+    """BPF_PROG_TEST_RUN refuses this frame for an skb program (EINVAL): an IPv4 or IPv6
+    EtherType with less than its fixed header behind it (:func:`skb_run_refuses`). The
+    TC hook can still see such frames; a test run cannot make one. lb_xdp's runs of the
+    same frames test the same parse (lib/lb_parse.h)."""
+
+
+def skb_run_refuses(frame: bytes) -> bool:
+    """The kernel's condition for :class:`FrameRefused`, so that a test skips exactly
+    those frames and no others."""
+    ethertype = int.from_bytes(frame[12:14], "big")
+    fixed = {0x0800: 20, 0x86DD: 40}.get(ethertype)
+    return fixed is not None and len(frame) - 14 < fixed
+
+
+def lb_program(obj: BpfObject) -> Program:
+    """The balancer's program of a loaded object: lb_tc in lb_tc's object, else lb_xdp."""
+    return obj.programs["lb_tc"] if "lb_tc" in obj.programs else obj.program("lb_xdp")
+
+
+def run_lb(obj: BpfObject, frame: bytes, ifindex: int) -> TestRunResult:
+    """One frame through the object's balancer, coming in on ``ifindex``, its verdict as
+    an XDP action whatever the hook: lb_tc's TC_ACT_UNSPEC is a pass, TC_ACT_SHOT a drop,
+    and TC_ACT_REDIRECT a redirect or a TX: one to another device is counted REDIRECT (lib/fib.h),
+    every other (a forward back out, an ICMP answer) is a TX. Any other TC verdict is
+    returned as it is (and fails)."""
+    prog = lb_program(obj)
+    if prog.type != BPF_PROG_TYPE_SCHED_CLS:
+        return prog.test_run(frame, ingress_ifindex=ifindex)
+    events = obj.map("lb_events")
+    redirects = _sum_u64(events, abi.Event.REDIRECT)
+    try:
+        r = prog.test_run(frame, ctx=skb_ctx(ifindex=ifindex, ingress_ifindex=ifindex))
+    except BpfError as e:
+        if e.errno == errno.EINVAL and skb_run_refuses(frame):
+            raise FrameRefused(frame.hex()) from e
+        raise
+    if r.retval == TC_ACT_UNSPEC:
+        action = XDP_PASS
+    elif r.retval == TC_ACT_SHOT:
+        action = XDP_DROP
+    elif r.retval == TC_ACT_REDIRECT:
+        action = XDP_REDIRECT if _sum_u64(events, abi.Event.REDIRECT) > redirects else XDP_TX
+    else:
+        action = 1000 + r.retval
+    return dataclasses.replace(r, retval=action)
 
 
 def _sum_stats(m: Map, idx: int) -> tuple[int, int, int]:
@@ -143,7 +201,7 @@ class Lb:
         self.obj = obj
         self.ns = ns
         self.env = fx.Env(lb_mac=ns.lb_mac)
-        self.prog = obj.program("lb_xdp")
+        self.prog = lb_program(obj)
         #: The object's maps as the daemon handles them (never closed: the object owns
         #: the maps).
         self.maps = LbMaps({n: obj.map(n) for n in MAP_NAMES})
@@ -348,7 +406,7 @@ class Lb:
     # -- running and reading -------------------------------------------------------------
 
     def run(self, frame: bytes) -> TestRunResult:
-        return self.prog.test_run(frame, ingress_ifindex=self.ns.lb_ifindex)
+        return run_lb(self.obj, frame, self.ns.lb_ifindex)
 
     def counters(self) -> Counters:
         ev, dr = self.obj.map("lb_events"), self.obj.map("lb_drops")

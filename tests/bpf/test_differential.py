@@ -27,6 +27,7 @@ from typing import Any
 import lb_fixtures as fx
 import numpy as np
 import pytest
+from lb_harness import run_lb
 
 from xdplb import model
 from xdplb.core import abi, mapops
@@ -123,7 +124,7 @@ class ModelLb:
         return self.maps.conns
 
     def run(self, frame: bytes) -> TestRunResult:
-        return self.obj.program("lb_xdp").test_run(frame, ingress_ifindex=self.ifindex)
+        return run_lb(self.obj, frame, self.ifindex)
 
     def load_state(self, state: model.DataplaneState) -> None:
         """Write every map the model reads; whatever was there before is removed."""
