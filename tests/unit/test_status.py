@@ -66,7 +66,7 @@ def maps_of(cfg: Config) -> MapsView:
         ),
         conns_estimated=False,
         fill=[MapFill("lb_vips", len(snap.vips), 16), MapFill("lb_conns", 5, 4096)],
-        attached=["eth0"],
+        attached={"eth0": "xdp"},
         conn_capacity=4096,
     )
 
@@ -180,7 +180,9 @@ def test_the_cli_prints_a_status_from_the_pins_like_the_daemons(
     out = CliRunner().invoke(app_module.app, ["status", "-i", "st", "--offline"])
     assert out.exit_code == 0, out.output
     lines = out.output.splitlines()
-    assert lines[0] == "instance st, attached to eth0; no daemon answers: read from the pins"
+    assert lines[0] == (
+        "instance st, attached to eth0 (xdp); no daemon answers: read from the pins"
+    )
     assert lines[1] == "connection table 5 of 4096 entries"
     # Weight and Eff unknown from the pins; health unchecked, admin enabled: no State.
     assert any(ln.split()[:4] == ["->", "198.18.0.11:80", "-", "-"] for ln in lines)

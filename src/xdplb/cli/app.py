@@ -194,9 +194,10 @@ def stop(
     if done.left:
         fail("stop failed", f"instance {name}: still there: {', '.join(done.left)}")
         raise typer.Exit(EXIT_RUNTIME)
-    links = ", ".join(f"{i} (link {link})" for i, link, _ in done.detached) or "no interface"
+    links = ", ".join(f"{i} ({hook}, link {link})" for i, hook, link, _ in done.detached)
     console.print(
-        f"instance {name} stopped: lb_xdp detached from {links}; {done.pins} pins removed "
+        f"instance {name} stopped: the balancer detached from {links or 'no interface'}; "
+        f"{done.pins} pins removed "
         f"with {root}"
     )
 

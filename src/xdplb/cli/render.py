@@ -235,7 +235,8 @@ def map_lines(maps: list[MapStatus]) -> Iterator[str]:
 def print_status(st: Status) -> None:
     """``xdplb status``; what the pins cannot say is left out."""
     head = f"instance {st.instance}" + (f" ({st.config_path})" if st.config_path else "")
-    head += f", attached to {', '.join(st.attached) or 'nothing'}"
+    where = [f"{a.name} ({a.hook})" for a in st.hooks] or st.attached
+    head += f", attached to {', '.join(where) or 'nothing'}"
     if st.uptime is not None:
         mins, secs = divmod(int(st.uptime), 60)
         head += f", up {mins}m{secs:02d}s"
@@ -254,6 +255,9 @@ def print_status(st: Status) -> None:
     if st.health_checks is not None:
         line += f"; {st.health_checks} health checks"
     typer.echo(line)
+    for a in st.hooks:
+        if a.why:
+            typer.echo(f"  {a.name}: {a.hook} ({a.why})")
     for line in status_lines(st):
         typer.echo(line)
     for v in st.vips:

@@ -22,7 +22,16 @@ from enum import StrEnum
 from pathlib import Path
 from typing import Annotated, Any
 
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    SerializerFunctionWrapHandler,
+    field_validator,
+    model_serializer,
+    model_validator,
+)
 
 from xdplb.config.checks import (
     MAX_TABLE_SIZE,
@@ -118,8 +127,36 @@ class XdpModeName(_Name):
     GENERIC = "generic"
 
 
+class HookName(_Name):
+    AUTO = "auto"  #: XDP on a physical NIC, TC on veth and other virtual devices
+    XDP = "xdp"
+    TC = "tc"
+
+
 class _Model(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
+
+
+class InterfaceConfig(_Model):
+    """An interface the balancer runs on; in YAML its name alone stands for
+    ``{name: ..., hook: auto}``."""
+
+    name: str
+    hook: Annotated[HookName, NAME] = HookName.AUTO
+    """xdp (lb_xdp, in ``xdp_mode``), tc (lb_tc at TC ingress), or auto (docs/operations.md,
+    "Which hook")."""
+
+    @field_validator("name")
+    @classmethod
+    def _ifname(cls, v: str) -> str:
+        if not 0 < len(v) < 16 or "/" in v or v.strip() != v:
+            raise ValueError(f"{v!r} is not a valid interface name")
+        return v
+
+    @model_serializer(mode="wrap")
+    def _short(self, handler: SerializerFunctionWrapHandler) -> Any:
+        """Written back as it is usually written: the name alone where the hook is auto."""
+        return self.name if self.hook is HookName.AUTO else handler(self)
 
 
 class BackendConfig(_Model):
@@ -517,8 +554,8 @@ class Config(_Model):
         "default"
     )
     """Name of this instance: its pins live in /sys/fs/bpf/xdplb/<instance>."""
-    interfaces: list[str] = Field(default_factory=list, fail_fast=True)
-    """Interfaces to attach lb_xdp to."""
+    interfaces: list[InterfaceConfig] = Field(default_factory=list, fail_fast=True)
+    """Interfaces the balancer runs on, each at its hook (a name alone: ``auto``)."""
     xdp_mode: Annotated[XdpModeName, NAME] = XdpModeName.NATIVE
     """native (driver) XDP; generic only as an explicit fallback."""
     hash_seed: Annotated[int, Field(ge=0, le=2**32 - 1)] = 0
@@ -552,15 +589,24 @@ class Config(_Model):
     def _instance(cls, v: str) -> str:
         return paths.instance_name(v)  # the one rule for every name that becomes a path
 
+    @field_validator("interfaces", mode="before")
+    @classmethod
+    def _names_alone(cls, v: Any) -> Any:
+        if isinstance(v, list):
+            return [{"name": i} if isinstance(i, str) else i for i in v]
+        return v
+
     @field_validator("interfaces")
     @classmethod
-    def _ifnames(cls, v: list[str]) -> list[str]:
-        for name in v:
-            if not 0 < len(name) < 16 or "/" in name or name.strip() != name:
-                raise ValueError(f"{name!r} is not a valid interface name")
-        if len(set(v)) != len(v):
+    def _ifnames(cls, v: list[InterfaceConfig]) -> list[InterfaceConfig]:
+        names = [i.name for i in v]
+        if len(set(names)) != len(names):
             raise ValueError("an interface is listed twice")
         return v
+
+    @property
+    def ifnames(self) -> list[str]:
+        return [i.name for i in self.interfaces]
 
     @field_validator("vips")
     @classmethod

@@ -61,7 +61,8 @@ from xdplb.core.errors import ConfigError
 from xdplb.core.mapops import DeleteTable, PutTable
 from xdplb.core.reports import LoadReport
 from xdplb.core.state import Snapshot
-from xdplb.datapath import XdpMode, clock, layout, rcu
+from xdplb.datapath import XdpMode, clock, hooks, layout, rcu
+from xdplb.datapath.hooks import Hook
 from xdplb.datapath.lb import LbDatapath, MapFill, check_pins
 from xdplb.datapath.upgrade import Upgrade, describe, new_maps_of
 from xdplb.health import HealthMonitor
@@ -120,6 +121,8 @@ class Runtime:
         self.targets = HealthTargets(self.instance)
         #: Set by the daemon: called when something changed that needs a new plan.
         self.wake: Callable[[], None] = lambda: None
+        #: Interface -> why it runs at its hook (xdplb status).
+        self.hook_why: dict[str, str] = {}
         self.dirty = False
         self.rebuilds = 0
         self.last_rebuild_ms: float | None = None
@@ -185,13 +188,19 @@ class Runtime:
 
     def _attach(self, cfg: Config) -> None:
         mode = XdpMode.GENERIC if cfg.xdp_mode is XdpModeName.GENERIC else XdpMode.NATIVE
-        for ifname in cfg.interfaces:
-            if self.dp.attach(ifname, mode):
-                log.info("attached lb_xdp to %s (%s)", ifname, cfg.xdp_mode)
+        for iface in cfg.interfaces:
+            choice = hooks.choose(iface.name, iface.hook)
+            self.hook_why[iface.name] = choice.why
+            if self.dp.attach(iface.name, choice.hook, mode):
+                how = f"xdp {cfg.xdp_mode}" if choice.hook is Hook.XDP else "tc ingress"
+                log.info(
+                    "attached %s to %s (%s; %s)", choice.hook.program, iface.name, how, choice.why
+                )
         for ifname in self.dp.attached():
-            if ifname not in cfg.interfaces:
+            if ifname not in cfg.ifnames:
                 self.dp.detach(ifname)
-                log.info("detached lb_xdp from %s", ifname)
+                self.hook_why.pop(ifname, None)
+                log.info("detached the balancer from %s", ifname)
 
     def apply(self, cfg: Config | None = None, *, attach: bool = True) -> int:
         """Make interfaces, maps and health checks match ``cfg`` (default: the running
@@ -204,7 +213,7 @@ class Runtime:
         # Nothing below writes lb_xdp's maps before the plan: one snapshot serves both.
         snap = self.dp.snapshot()
         planner.check_capacity(cfg, snap)
-        for i, ifname in enumerate(cfg.interfaces):
+        for i, ifname in enumerate(cfg.ifnames):
             try:
                 socket.if_nametoindex(ifname)
             except OSError:
@@ -580,4 +589,5 @@ class Runtime:
             vips=vips,
             last_reload_error=self.last_reload_error,
             upgrade=self.upgrade_report,
+            hook_why=dict(self.hook_why),
         )

@@ -8,8 +8,8 @@ know are None (their docstrings say so).
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from dataclasses import asdict, dataclass
+from collections.abc import Mapping, Sequence
+from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Literal
 
 from pydantic import BaseModel, ConfigDict
@@ -135,12 +135,24 @@ class MapStatus(_Out):
     """``entries`` comes from a sample (the connection table)."""
 
 
+class Attachment(_Out):
+    """An interface the balancer runs on: at which hook, and why there."""
+
+    name: str
+    hook: str
+    """xdp or tc."""
+    why: str | None
+    """``configured``, or what ``auto`` saw; None from the pins."""
+
+
 class Status(_Out):
     source: Source
     instance: str
     config_path: str | None
     """None from the pins."""
     attached: list[str]
+    hooks: list[Attachment] = []
+    """The hook of each of ``attached``."""
     runtime_changes: bool | None
     """The running configuration differs from the file (API changes not persisted);
     None from the pins."""
@@ -185,8 +197,8 @@ class MapsView:
     conns_estimated: bool
     #: Fill of every sized map, ``hc_targets`` included where known.
     fill: Sequence[MapFill]
-    #: Interfaces lb_xdp is attached to (its pinned links).
-    attached: Sequence[str]
+    #: Interfaces the balancer is attached to (its pinned links) -> hook.
+    attached: Mapping[str, str]
     #: Connections the connection table holds.
     conn_capacity: int
 
@@ -257,6 +269,8 @@ class DaemonView:
     vips: Sequence[VipView]
     last_reload_error: str | None = None
     upgrade: Sequence[str] = ()
+    #: Interface -> why its hook (configured, or what ``auto`` saw).
+    hook_why: Mapping[str, str] = field(default_factory=dict)
 
 
 # -- the builder -------------------------------------------------------------------------
@@ -341,7 +355,15 @@ def build(maps: MapsView, daemon: DaemonView | None = None) -> Status:
         source="daemon" if daemon is not None else "pins",
         instance=maps.instance,
         config_path=daemon.config_path if daemon is not None else None,
-        attached=list(maps.attached),
+        attached=sorted(maps.attached),
+        hooks=[
+            Attachment(
+                name=n,
+                hook=h,
+                why=daemon.hook_why.get(n) if daemon is not None else None,
+            )
+            for n, h in sorted(maps.attached.items())
+        ],
         runtime_changes=daemon.runtime_changes if daemon is not None else None,
         uptime=daemon.uptime if daemon is not None else None,
         vips=vips,
@@ -411,7 +433,7 @@ def from_pins(instance: str) -> Status:
     # bpf only here: the models are imported by the API's client, which makes no syscalls.
     from xdplb.datapath import Map, layout
     from xdplb.datapath.hc import pin_dir
-    from xdplb.datapath.lb import LbMaps, MapFill, checked_pin_root
+    from xdplb.datapath.lb import LbMaps, MapFill, checked_pin_root, pinned_links
 
     root = checked_pin_root(instance)
     with LbMaps.from_pins(layout.pins_dir(instance)) as maps:
@@ -423,7 +445,7 @@ def from_pins(instance: str) -> Status:
     if hc_targets.exists():
         with Map.from_pinned(hc_targets) as m:
             fill.append(MapFill("hc_targets", m.count(), m.max_entries))
-    attached = sorted(p.name.removeprefix("xdp_") for p in (root / "links").glob("xdp_*"))
+    attached = {n: str(h) for n, h in pinned_links(root).items()}
     return build(
         MapsView(
             instance=instance,

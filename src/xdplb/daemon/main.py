@@ -284,14 +284,14 @@ class Daemon:
             "instance": cfg.instance,
             "config": str(self.rt.config_path),
             "api": api_address(cfg.api, cfg.instance) + (" (token)" if token else ""),
-            "interfaces": list(cfg.interfaces),
-            "hook": f"xdp {cfg.xdp_mode}",
+            "interfaces": cfg.ifnames,
+            "hook": ",".join(f"{i.name}:{i.hook}" for i in cfg.interfaces) or "none",
             "vips": len(cfg.vips),
         }
         log.info(
             "xdplb %(version)s serving instance %(instance)s from %(config)s: API %(api)s, "
             "interfaces %(ifaces)s, hook %(hook)s, %(vips)d VIPs",
-            {**fields, "ifaces": ",".join(cfg.interfaces) or "none"},
+            {**fields, "ifaces": ",".join(cfg.ifnames) or "none"},
             extra=fields,
         )
 

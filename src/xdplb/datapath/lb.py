@@ -41,7 +41,8 @@ from xdplb.core.state import (
 )
 from xdplb.datapath import layout, rcu
 from xdplb.datapath.conns import SET_SIZE, ConnTable, check_mask
-from xdplb.datapath.links import Link, XdpMode, attach_xdp
+from xdplb.datapath.hooks import Hook
+from xdplb.datapath.links import Link, XdpMode, attach_tcx, attach_xdp
 from xdplb.datapath.maps import BPF_F_INNER_MAP, Map, MapType
 from xdplb.datapath.objects import BpfObject, PinnedSizeError
 from xdplb.datapath.programs import Program
@@ -524,8 +525,33 @@ class LbMaps(Closing):
         self["lb_config"].update(_u32(0), cfg.pack())
 
 
+def tc_object(xdp_object: Path) -> Path:
+    """The lb_tc object built from the same sources (so the same layout) as an lb_xdp
+    object: ``lb_xdp*.bpf.o`` -> ``lb_tc*.bpf.o`` beside it."""
+    path = xdp_object.with_name(xdp_object.name.replace("lb_xdp", "lb_tc", 1))
+    if path == xdp_object or not path.exists():
+        raise FileNotFoundError(f"{path} is missing: lb_tc must be built beside {xdp_object}")
+    return path
+
+
+def link_name(hook: Hook, ifname: str) -> str:
+    """The pin of an interface's link under ``links/``: ``xdp_<if>`` or ``tc_<if>``."""
+    return f"{hook}_{ifname}"
+
+
+def pinned_links(pin_root: Path) -> dict[str, Hook]:
+    """Interface -> hook, from the link pins under ``pin_root/links``."""
+    out = {}
+    for path in sorted((pin_root / paths.LINKS_DIR).glob("*_*")):
+        hook, _, ifname = path.name.partition("_")
+        if hook in {h.value for h in Hook}:
+            out[ifname] = Hook(hook)
+    return out
+
+
 class LbDatapath(LbMaps):
-    """lb_xdp loaded for an instance: the object, its maps and its XDP links."""
+    """The balancer loaded for an instance: lb_xdp (and lb_tc once an interface wants it),
+    their shared maps and their links."""
 
     def __init__(
         self, instance: str, obj_path: Path | None = None, lim: limits.Limits | None = None
@@ -558,40 +584,65 @@ class LbDatapath(LbMaps):
             name, pinned, wanted = e.mismatches[0]
             raise limits.PinnedSizeMismatch(name, pinned, wanted).error(instance) from None
         self.program: Program = self.obj.program("lb_xdp")
+        self._obj_path = path
+        self._lim = lim
+        #: lb_tc, loaded on the first interface that runs it: the same maps (by their pins).
+        self._tc_obj: BpfObject | None = None
         # MAP_NAMES, plus whichever sized maps (ACLs, rate limit) this object has.
         names = [*MAP_NAMES, *(n for n in limits.SIZED_MAPS if n in self.obj.maps)]
         super().__init__({n: self.obj.map(n) for n in dict.fromkeys(names)})
 
-    def link_path(self, ifname: str) -> Path:
-        return self.pin_root / paths.LINKS_DIR / f"xdp_{ifname}"
+    def link_path(self, ifname: str, hook: Hook = Hook.XDP) -> Path:
+        return self.pin_root / paths.LINKS_DIR / link_name(hook, ifname)
 
-    def attach(self, ifname: str, mode: XdpMode = XdpMode.NATIVE) -> bool:
-        """Make ``ifname`` run this program; True if a new link was made.
+    def hook_program(self, hook: Hook) -> Program:
+        """lb_xdp, or lb_tc (loaded now if it is not yet, its maps the pinned ones)."""
+        if hook is Hook.XDP:
+            return self.program
+        if self._tc_obj is None:
+            self._tc_obj = BpfObject.load(
+                tc_object(self._obj_path),
+                pin_root=self.pin_dir,
+                max_entries=limits.map_sizes(self._lim) if self._lim is not None else None,
+            )
+        return self._tc_obj.program("lb_tc")
+
+    def attach(self, ifname: str, hook: Hook = Hook.XDP, mode: XdpMode = XdpMode.NATIVE) -> bool:
+        """Make ``ifname`` run the balancer at ``hook``; True if a new link was made.
 
         An existing pinned link is kept and switched to this program atomically
-        (bpf_link_update): a restart or upgrade never leaves the interface without XDP.
-        """
-        path = self.link_path(ifname)
+        (bpf_link_update): a restart or upgrade never leaves the interface without the
+        balancer. An interface moving to the other hook gets its new link first, then
+        loses the old one: the old hook's program, which runs first (XDP before TC),
+        forwards until then."""
+        prog = self.hook_program(hook)
+        path = self.link_path(ifname, hook)
         if path.exists():
             with Link.from_pinned(path) as link:
-                link.update_program(self.program)
+                link.update_program(prog)
             return False
         ifindex = socket.if_nametoindex(ifname)
-        with attach_xdp(self.program, ifindex, mode) as link:
+        link = attach_tcx(prog, ifindex) if hook is Hook.TC else attach_xdp(prog, ifindex, mode)
+        with link:
             path.parent.mkdir(parents=True, exist_ok=True)
             link.pin(path)
+        for other in Hook:
+            if other is not hook:
+                self.detach(ifname, other)
         return True
 
-    def detach(self, ifname: str) -> None:
-        path = self.link_path(ifname)
-        if path.exists():
-            with Link.from_pinned(path) as link:
-                link.detach()
-            path.unlink()
+    def detach(self, ifname: str, hook: Hook | None = None) -> None:
+        """Detach the balancer from ``ifname`` (at ``hook`` only, if given)."""
+        for h in Hook if hook is None else (hook,):
+            path = self.link_path(ifname, h)
+            if path.exists():
+                with Link.from_pinned(path) as link:
+                    link.detach()
+                path.unlink()
 
-    def attached(self) -> list[str]:
-        links = self.pin_root / "links"
-        return sorted(p.name.removeprefix("xdp_") for p in links.glob("xdp_*"))
+    def attached(self) -> dict[str, Hook]:
+        """Interface -> the hook the balancer runs at there."""
+        return pinned_links(self.pin_root)
 
     def unpin(self) -> int:
         """Remove this layout's pins (not the links): for a start that failed before
@@ -600,6 +651,8 @@ class LbDatapath(LbMaps):
 
     def close(self) -> None:
         super().close()
+        if self._tc_obj is not None:
+            self._tc_obj.close()
         self.obj.close()
 
 
@@ -642,10 +695,10 @@ def checked_pin_root(instance: str) -> Path:
 
 @dataclass(frozen=True)
 class Destroyed:
-    """What :func:`destroy` did: the interfaces it detached lb_xdp from (name, link id,
-    program id), how many pins it removed, and what it could not (paths left)."""
+    """What :func:`destroy` did: the interfaces it detached the balancer from (name, hook,
+    link id, program id), how many pins it removed, and what it could not (paths left)."""
 
-    detached: tuple[tuple[str, int, int], ...]
+    detached: tuple[tuple[str, Hook, int, int], ...]
     pins: int
     left: tuple[str, ...]
 
@@ -658,13 +711,14 @@ def destroy(instance: str) -> Destroyed:
     if not root.is_dir():
         return Destroyed((), 0, ())
     detached = []
-    for path in sorted((root / "links").glob("xdp_*")):
+    for ifname, hook in pinned_links(root).items():
+        path = root / paths.LINKS_DIR / link_name(hook, ifname)
         with Link.from_pinned(path) as link:
-            ifname, link_id, prog_id = path.name.removeprefix("xdp_"), link.id, link.prog_id
+            link_id, prog_id = link.id, link.prog_id
             link.detach()
             if link.xdp_ifindex != 0:
                 raise XdplbError(f"link {link_id} on {ifname} is still attached after detach")
-        detached.append((ifname, link_id, prog_id))
+        detached.append((ifname, hook, link_id, prog_id))
     pins = [p for p in root.rglob("*") if not p.is_dir()]
     shutil.rmtree(root, ignore_errors=True)
     left = [str(p) for p in (root, *pins) if p.exists()]

@@ -108,6 +108,8 @@ int bpf_prog_test_run_opts(int prog_fd, struct bpf_test_run_opts *opts);
 int bpf_link_create(int prog_fd, int target_fd, enum bpf_attach_type attach_type,
                     const struct bpf_link_create_opts *opts);
 int bpf_link_detach(int link_fd);
+int bpf_prog_query(int target_fd, enum bpf_attach_type type, __u32 query_flags,
+                   __u32 *attach_flags, __u32 *prog_ids, __u32 *prog_cnt);
 int bpf_link_update(int link_fd, int new_prog_fd, const struct bpf_link_update_opts *opts);
 
 /* Ours: route libbpf's printf-style output, already formatted, to Python. */
