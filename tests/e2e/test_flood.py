@@ -47,12 +47,14 @@ STREAMS = 100
 WINDOW = 8.0
 NEW_CONNECTIONS = 50
 #: The insert budget, set low enough for the lab's flood to exceed it (the default,
-#: 125,000/s per CPU, is about what the lab can send): the flows past it are balanced
-#: by the table but not recorded (CONN_FLOOD), so the flood cannot evict the
-#: connection table. The rate limit is left off here: it drops the flood at the
-#: cheapest point, which lets the generator send ten times faster into the one veth
-#: ring the legitimate client shares with it (test_rate_limit_contains_one_prefix).
+#: 125,000/s per CPU, is about what reaches the LB at most): the flows past it are
+#: balanced by the table but not recorded (CONN_FLOOD), so the flood cannot evict the
+#: connection table. The rate limit is left off here (test_rate_limit_contains_one_prefix).
 LB_EXTRA: dict[str, Any] = {"flood": {"conn_insert_budget": 5000}}
+#: The flood's rate: SYNs a second from the attacker. The generator goes past a million
+#: a second, more than this lab's veth rings and lb_tc on its two cores carry (about
+#: 120,000 new flows a second reach the LB at most): a flood at the lab's capacity.
+FLOOD_PPS = 100_000
 #: A new connection under the flood may need a SYN retransmission (1 s, then 3 s): a
 #: flooded ring drops packets whoever sent them. Succeeding is what counts.
 CONNECT_TIMEOUT = 15.0
@@ -132,7 +134,7 @@ def test_syn_flood_keeps_legit_throughput(flood_lab: Lab, lb: LbNode) -> None:
 
         miss0, over0, limited0 = flood_counters(lb)
         cookies0 = {b: cookies_sent(lab, b) for b in serving(lab)}
-        flood.start(seconds=WINDOW + 2)
+        flood.start(seconds=WINDOW + 2, pps=FLOOD_PPS)
         # The SYN queues are full and cookies are in use from here.
         wait_for(
             lambda: [b for b in serving(lab) if cookies_sent(lab, b) == cookies0[b]],
@@ -226,4 +228,6 @@ def test_rate_limit_contains_one_prefix(flood_lab: Lab, tmp_path: Path) -> None:
     # tick and one racing CPU's extra flow of slack), not one more.
     assert admitted <= BURST + RATE * (result.seconds + 0.1) + 2, report
     assert admitted >= BURST, report
-    assert limited >= result.sent // 2 and limited > 100_000, report
+    # The flood goes as fast as the generator goes (over a million a second); the veth
+    # rings on the way drop most of it, and what reaches the LB is limited.
+    assert limited > 100_000, report
