@@ -46,12 +46,6 @@ def xdplb(lab: Lab, *args: str, wrap: tuple[str, ...] = ()) -> subprocess.Comple
     return lab.run("lb", [*wrap, sys.executable, "-m", "xdplb.cli.app", *args], check=False)
 
 
-def xdp_prog(lab: Lab) -> int | None:
-    out = lab.run("lb", ["ip", "-j", "link", "show", "dev", "eth0"]).stdout
-    xdp = json.loads(out)[0].get("xdp")
-    return None if xdp is None else int(xdp["prog"]["id"])
-
-
 def test_list_and_status_reach_the_daemon_the_file_names(lab: Lab, lb: LbNode) -> None:
     cfg = str(lb.config_path)
     r = xdplb(lab, "list", "-c", cfg)
@@ -69,12 +63,12 @@ def test_list_and_status_reach_the_daemon_the_file_names(lab: Lab, lb: LbNode) -
 
 def test_stop_fails_where_bpffs_is_not_mounted_then_stops_and_reports(lab: Lab, lb: LbNode) -> None:
     root = paths.pin_root(lb.instance)
-    link_pin = root / "links" / "xdp_eth0"
+    link_pin = lb.link_pin
     with Link.from_pinned(link_pin) as link:
         link_id, prog_id = link.id, link.prog_id
         assert link.xdp_ifindex == lab.ifindex("lb")  # what destroy reads as 0 once detached
     pins = sorted(p for p in root.rglob("*") if not p.is_dir())
-    assert xdp_prog(lab) == prog_id
+    assert lb.kernel_prog() == prog_id
 
     r = xdplb(lab, "stop", "-c", str(lb.config_path), wrap=NO_BPFFS)
     assert r.returncode == 1, r.stdout + r.stderr
@@ -84,7 +78,7 @@ def test_stop_fails_where_bpffs_is_not_mounted_then_stops_and_reports(lab: Lab, 
     assert "stopped" not in r.stdout
     # Nothing changed: the daemon serves, the program is attached, every pin is there.
     assert lb.proc is not None and lb.proc.poll() is None
-    assert xdp_prog(lab) == prog_id
+    assert lb.kernel_prog() == prog_id
     assert sorted(p for p in root.rglob("*") if not p.is_dir()) == pins
     with Link.from_pinned(link_pin) as link:
         assert link.id == link_id
@@ -92,10 +86,10 @@ def test_stop_fails_where_bpffs_is_not_mounted_then_stops_and_reports(lab: Lab, 
     r = xdplb(lab, "stop", "-c", str(lb.config_path))
     assert r.returncode == 0, r.stderr
     assert r.stdout == (
-        f"instance {lb.instance} stopped: lb_xdp detached from eth0 (link {link_id}); "
+        f"instance {lb.instance} stopped: the balancer detached from eth0 (tc, link {link_id}); "
         f"{len(pins)} pins removed with {root}\n"
     )
     assert lb.proc.wait(5) == 0
     lb.proc = None
-    assert xdp_prog(lab) is None
+    assert lb.kernel_prog() is None
     assert not root.exists()

@@ -253,7 +253,7 @@ def test_unit_serves_reloads_and_restarts(lab: Lab, root: Path, node: LbNode) ->
     # systemctl stop/restart: SIGTERM; lb_xdp stays attached and the pins keep serving.
     proc.send_signal(signal.SIGTERM)
     assert proc.wait(10) == 0, lb.log_tail()
-    assert (paths.pin_root(lb.instance) / "links" / "xdp_eth0").exists()
+    assert lb.link_pin.exists()
     assert not paths.api_socket(lb.instance).exists()
     assert http_post(client, VIP, 80, b"y", src_port=21000) in {"b1", "b2"}
 

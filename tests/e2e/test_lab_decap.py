@@ -31,6 +31,8 @@ from xdplb.lab.wait import wait_for
 pytestmark = pytest.mark.e2e
 
 ECHO_PORT = 7777
+#: socket(7): no UDP checksum on what this IPv4 socket sends (asm-generic/socket.h).
+SO_NO_CHECK = 11
 #: How long an echo may take to come back (waited for: it costs nothing when it is quick).
 TIMEOUT = 10.0
 
@@ -121,8 +123,10 @@ def test_decap_and_direct_reply(
 
 def test_xdp_tx_on_lb_reaches_backend(echo_lab: Lab) -> None:
     """A frame the LB's XDP program sends back out with XDP_TX reaches the backend
-    (the lab put xdp_pass on the bridge-side peer), with a valid checksum (the client
-    computes its own), and the backend's reply reaches the client directly."""
+    (the lab put xdp_pass on the bridge-side peer), and the backend's reply reaches the
+    client directly. The client's datagrams carry no UDP checksum (SO_NO_CHECK): with
+    checksum offload on, XDP on veth would deliver the pseudo-header sum in its place
+    (test_offloads.py shows lb_xdp doing so)."""
     lab = echo_lab
     path = paths.test_object("lab_xdp_tx")
     from xdplb.datapath import BpfObject, XdpMode, attach_xdp
@@ -135,6 +139,7 @@ def test_xdp_tx_on_lb_reaches_backend(echo_lab: Lab) -> None:
             link = attach_xdp(obj.program("lab_xdp_tx"), lab.ifindex("lb"), XdpMode.NATIVE)
         with lab.enter("client"):
             sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+            sock.setsockopt(socket.SOL_SOCKET, SO_NO_CHECK, 1)
         with link, sock:
             sock.connect((str(vip), ECHO_PORT))
             sock.settimeout(0.25)

@@ -224,7 +224,7 @@ def test_restarting_the_daemon_breaks_no_connection(lab: Lab, lb: LbNode) -> Non
         hits_before = _event(lb, abi.Event.CONN_HIT)
         lb.stop_daemon()
         # No daemon: lb_xdp stays attached, established and new connections work.
-        assert (Path("/sys/fs/bpf/xdplb") / lb.instance / "links" / "xdp_eth0").exists()
+        assert lb.link_pin.exists()
         assert run_http(lab, VIP4, range(14100, 14130)) == predict(
             lab, lb, VIP4, 80, TCP, range(14100, 14130)
         )

@@ -1,4 +1,5 @@
-"""lb_xdp's own "too big" answer, in the lab (docs/datapath.md step 12, ``lib/lb_ptb.h``).
+"""The balancer's own "too big" answer, in the lab (docs/datapath.md step 12, ``lib/lb_ptb.h``),
+from lb_tc (the lab's hook on veth).
 
 The LB's routes to the backends get a locked MTU of 1400 -- the client's own MTU -- so
 a full-size client packet no longer fits once encapsulated (bpf_fib_lookup() says
@@ -163,6 +164,11 @@ def too_big_lab(
     cleanup_stale()
     with Lab(backends=2) as lab:
         lab.add_vip_to_backends(IPIP4)
+        # The client's segments arrive one per packet, as a remote client's do through a
+        # router: only then is a full-size packet too big. A local sender's TSO packets
+        # leave lb_tc with their segments shrunk by the tunnel (test_offloads.py) and
+        # need no answer. Checksum offload stays on.
+        lab.run("client", ["ethtool", "-K", "eth0", "tso", "off", "gso", "off"])
         for name in lab.backends:
             attach_host(lab, name)
             # Before lb_xdp sees a packet: no next hop is cached with the 1500-byte MTU.

@@ -79,7 +79,7 @@ def test_what_the_daemon_logs(
     assert banner["version"] == importlib.metadata.version("xdplb")
     assert banner["config"] == str(lb.config_path)
     assert banner["api"] == f"unix:{lb.api_socket}"
-    assert banner["interfaces"] == ["eth0"] and banner["hook"] == "xdp native"
+    assert banner["interfaces"] == ["eth0"] and banner["hook"] == "eth0:auto"
     assert str(lb.config_path) in banner["message"] and "eth0" in banner["message"]
 
     # Successful checks: not one line.

@@ -34,7 +34,7 @@ def test_sigterm_removes_socket_and_pid_and_keeps_serving(lab: Lab, tmp_path: Pa
         lb.stop_daemon()  # SIGTERM, exit code 0 checked
         assert present(i) == []
         # The program stays attached and the pins serve without the daemon.
-        assert (paths.pin_root(i) / "links" / "xdp_eth0").exists()
+        assert lb.link_pin.exists()
         assert http_post(lab.ns("client"), VIP, 80, b"hello") in lab.backends
     finally:
         lb.destroy()

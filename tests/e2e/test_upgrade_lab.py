@@ -135,7 +135,7 @@ def new_sessions(node: LbNode) -> dict[bytes, IPAddress]:
 
 
 def link_prog(node: LbNode) -> int:
-    with Link.from_pinned(paths.pin_root(node.instance) / paths.LINKS_DIR / "xdp_eth0") as link:
+    with Link.from_pinned(node.link_pin) as link:
         return link.prog_id
 
 

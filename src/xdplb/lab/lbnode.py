@@ -7,8 +7,10 @@ Tests and the demo reload it, restart it, and read its pinned maps.
 
 from __future__ import annotations
 
+import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 from collections.abc import Sequence
@@ -24,7 +26,8 @@ from xdplb.core import paths
 from xdplb.core.errors import LabError
 from xdplb.core.paths import api_socket
 from xdplb.datapath import layout
-from xdplb.datapath.lb import LbMaps, destroy
+from xdplb.datapath.lb import LbMaps, destroy, pinned_links
+from xdplb.datapath.links import tcx_programs
 from xdplb.lab.topology import Lab
 from xdplb.lab.wait import wait_for
 
@@ -181,7 +184,30 @@ class LbNode:
         )
 
     def _attached(self) -> bool:
-        return (paths.pin_root(self.instance) / paths.LINKS_DIR / "xdp_eth0").exists()
+        return "eth0" in pinned_links(paths.pin_root(self.instance))
+
+    @property
+    def link_pin(self) -> Path:
+        """The pin of eth0's link, at the hook the daemon chose (``tc_eth0`` on the lab's
+        veth; ``xdp_eth0`` with ``hook: xdp``)."""
+        hook = pinned_links(paths.pin_root(self.instance)).get("eth0", "tc")
+        return paths.pin_root(self.instance) / paths.LINKS_DIR / f"{hook}_eth0"
+
+    def kernel_prog(self) -> int | None:
+        """Id of the balancer's program the kernel runs on eth0, as the kernel says (XDP
+        from the link's attributes, else the first tcx ingress program); None: none."""
+        out = subprocess.run(
+            ["ip", "-n", self.lab.ns("lb"), "-j", "link", "show", "dev", "eth0"],
+            check=True,
+            capture_output=True,
+            text=True,
+        ).stdout
+        xdp = json.loads(out)[0].get("xdp")
+        if xdp is not None:
+            return int(xdp["prog"]["id"])
+        with self.lab.enter("lb"):
+            progs = tcx_programs(socket.if_nametoindex("eth0"))
+        return progs[0] if progs else None
 
     @property
     def abi_version(self) -> int:

@@ -355,10 +355,8 @@ class Lab:
         else:
             _ip("-n", client.ns, "route", "add", str(VIP_NET4), "via", str(lb.v4))
             _ip("-n", client.ns, "route", "add", str(VIP_NET6), "via", str(lb.v6))
-        # Checksums computed by the client itself: XDP_TX on the LB turns the skb into
-        # a bare frame, and a CHECKSUM_PARTIAL packet would reach the backend with only
-        # the pseudo-header sum in its L4 checksum.
-        self.run("client", ["ethtool", "-K", IFNAME, "tx", "off"])
+        # Offloads stay at veth's defaults (checksum offload, TSO on), as on a user's
+        # machine: the balancer runs at TC on veth (hook auto), which keeps them.
         self._sysctl(
             "client",
             {

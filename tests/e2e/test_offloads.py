@@ -1,0 +1,99 @@
+"""The balancer on veth with the client's offloads at their defaults (checksum offload and
+TSO on, as on every container): lb_xdp there breaks every connection, lb_tc carries them,
+64 KB TSO packets included (docs/operations.md, "Which hook").
+
+One daemon, its hook switched by a reload: ``xdp`` first, then ``auto`` (TC on veth).
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+
+from xdplb.core import abi
+from xdplb.lab import Lab
+from xdplb.lab.lbnode import LbNode
+from xdplb.lab.traffic import ExchangeError, http_post
+from xdplb.lab.wait import wait_for
+
+pytestmark = pytest.mark.e2e
+
+VIP = "198.18.100.1"
+#: Enough for the client's stack to send TSO packets of tens of KB.
+BULK = 2 * 1024 * 1024
+
+
+def csum_errors(lab: Lab, node: str) -> int:
+    """TcpInCsumErrors of a namespace (/proc/net/snmp is per network namespace)."""
+    snmp = lab.run(node, ["cat", "/proc/net/snmp"]).stdout
+    head, values = (line.split() for line in re.findall(r"^Tcp: .*$", snmp, re.M)[:2])
+    return int(values[head.index("InCsumErrors")])
+
+
+def offloads_on(lab: Lab) -> bool:
+    out = lab.run("client", ["ethtool", "-k", "eth0"]).stdout
+    return "tx-checksumming: on" in out and "tcp-segmentation-offload: on" in out
+
+
+def vip_bytes_per_packet(lb: LbNode) -> tuple[int, float]:
+    with lb.maps() as maps:
+        snap = maps.snapshot()
+        vip_id = next(p.vip_id for v, p in snap.vips.items() if v.port == 80)
+        st = maps.counters(snap=snap).vips[vip_id]
+    return st.packets, st.bytes / max(st.packets, 1)
+
+
+def test_lb_xdp_on_veth_breaks_offloaded_connections_and_lb_tc_carries_them(
+    lab: Lab, tmp_path: Path
+) -> None:
+    assert offloads_on(lab)  # the lab runs the way users run
+    servers = lab.start_servers()
+    backends = [{"address": str(lab.addr(b))} for b in lab.backends]
+    vips = [{"address": VIP, "port": 80, "backends": backends}]
+    lb = LbNode(lab, tmp_path, vips, interfaces=[{"name": "eth0", "hook": "xdp"}])
+    try:
+        lb.start()
+        assert lb.link_pin.name == "xdp_eth0"
+        # XDP on veth: the frame leaves its skb, the "checksum to be completed" state
+        # is lost, and the backend gets a TCP checksum that is the pseudo-header sum.
+        before = sum(csum_errors(lab, b) for b in lab.backends)
+        with pytest.raises(ExchangeError):
+            http_post(lab.ns("client"), VIP, 80, b"hello", timeout=2.0)
+        wait_for(
+            lambda: sum(csum_errors(lab, b) for b in lab.backends) - before,
+            "the backends counting TCP checksum errors",
+            until=lambda n: n > 0,
+            timeout=5.0,
+        )
+
+        # The same daemon, hook auto: TC on veth. The XDP link goes, a tcx link comes.
+        lb.reload(vips, interfaces=["eth0"])
+        wait_for(
+            lambda: lb.link_pin.name,
+            "the reload moving eth0 to tc",
+            until=lambda name: name == "tc_eth0",
+            timeout=10.0,
+            detail=lb.log_tail,
+        )
+        assert not (lb.link_pin.parent / "xdp_eth0").exists()
+        assert lb.kernel_prog() is not None
+        packets0, _ = vip_bytes_per_packet(lb)
+        errors = sum(csum_errors(lab, b) for b in lab.backends)
+        body = bytes(range(256)) * (BULK // 256)
+        for _ in range(3):
+            assert http_post(lab.ns("client"), VIP, 80, body, timeout=10.0) in lab.backends
+        assert sum(csum_errors(lab, b) for b in lab.backends) == errors
+        # The client's TSO packets went through whole: far fewer packets than an MTU
+        # of 1500 would need, each one encapsulated once (GSO shrinks their segments).
+        packets, per_packet = vip_bytes_per_packet(lb)
+        assert packets - packets0 < 3 * BULK // 1500, (packets - packets0, per_packet)
+        with lb.maps() as maps:
+            counters = maps.counters()
+        assert counters.drops[abi.DropReason.ENCAP] == 0
+        assert counters.drops[abi.DropReason.TOO_BIG] == 0
+    finally:
+        lb.destroy()
+        for p in servers:
+            p.kill()
