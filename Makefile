@@ -55,20 +55,13 @@ build/test/%.bpf.o: tests/bpf/progs/%.bpf.c $(BPF_HDRS)
 	@mkdir -p build/test
 	$(CLANG) $(BPF_CFLAGS) -c $< -o $@
 
-build/test/lb_xdp_abi_next.bpf.o: bpf/lb_xdp.bpf.c $(BPF_HDRS)
+# Both programs of the balancer (lb_xdp, lb_tc) in the test layouts: a daemon of a test
+# build attaches lb_tc of its layout where an interface's hook is TC.
+build/test/%_abi_next.bpf.o: bpf/%.bpf.c $(BPF_HDRS)
 	@mkdir -p build/test
 	$(CLANG) $(BPF_CFLAGS) -DXDPLB_ABI_TEST_NEXT -c $< -o $@
 
-build/test/lb_xdp_abi_bad.bpf.o: bpf/lb_xdp.bpf.c $(BPF_HDRS)
-	@mkdir -p build/test
-	$(CLANG) $(BPF_CFLAGS) -DXDPLB_ABI_TEST_BAD -c $< -o $@
-
-# lb_tc of the same layouts: a daemon of a test build attaches it where the hook is TC.
-build/test/lb_tc_abi_next.bpf.o: bpf/lb_tc.bpf.c $(BPF_HDRS)
-	@mkdir -p build/test
-	$(CLANG) $(BPF_CFLAGS) -DXDPLB_ABI_TEST_NEXT -c $< -o $@
-
-build/test/lb_tc_abi_bad.bpf.o: bpf/lb_tc.bpf.c $(BPF_HDRS)
+build/test/%_abi_bad.bpf.o: bpf/%.bpf.c $(BPF_HDRS)
 	@mkdir -p build/test
 	$(CLANG) $(BPF_CFLAGS) -DXDPLB_ABI_TEST_BAD -c $< -o $@
 

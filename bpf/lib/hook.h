@@ -8,8 +8,9 @@
  * - verdicts: the code returns XDP actions in both; lb_tc's entry turns them
  *   into TC ones (lb_tc_verdict), and sends a TX or a redirect itself;
  * - growing the frame in front of the IP packet: bpf_xdp_adjust_head, or
- *   bpf_skb_adjust_room with the tunnel flags that keep a GSO packet one
- *   packet until it is segmented, and a CHECKSUM_PARTIAL one partial;
+ *   bpf_skb_adjust_room (with the tunnel flags for a GSO packet, which stays
+ *   one packet until it is segmented after us; a CHECKSUM_PARTIAL packet
+ *   keeps its checksum offsets either way);
  * - shrinking it, reading bytes and the frame's length (an skb may hold more
  *   than its linear part).
  */
@@ -25,10 +26,8 @@
 
 #ifdef XDPLB_HOOK_TC
 #define lb_ctx __sk_buff
-#define LB_HOOK_TC 1
 #else
 #define lb_ctx xdp_md
-#define LB_HOOK_TC 0
 #endif
 
 /*

@@ -249,15 +249,22 @@ host_parse(struct __sk_buff *skb, struct host_tunnel *t)
  */
 static __always_inline int host_decap(struct __sk_buff *skb, const struct host_tunnel *t)
 {
-	__u64 flags = 0;
+	__u64 decap = 0;
 	__be16 eth_proto;
 
 	if (t->inner_family != t->outer_family)
-		flags = t->inner_family == XDPLB_FAMILY_V4 ? XDPLB_ADJ_ROOM_DECAP_L3_IPV4 :
+		decap = t->inner_family == XDPLB_FAMILY_V4 ? XDPLB_ADJ_ROOM_DECAP_L3_IPV4 :
 							     XDPLB_ADJ_ROOM_DECAP_L3_IPV6;
-	if (bpf_skb_adjust_room(skb, -(__s32)t->outer_len, BPF_ADJ_ROOM_MAC, flags))
+	/*
+	 * A GSO packet (lb_tc's, or one GRO merged) keeps its segment size: grown
+	 * by the outer headers, it could exceed what a short last segment leaves
+	 * and the kernel would drop the packet when it segments it (Calico saw
+	 * this, projectcalico/calico#11252).  No-op for any other packet.
+	 */
+	if (bpf_skb_adjust_room(skb, -(__s32)t->outer_len, BPF_ADJ_ROOM_MAC,
+				decap | BPF_F_ADJ_ROOM_FIXED_GSO))
 		return -1;
-	if (!flags)
+	if (!decap)
 		return 0;
 	/*
 	 * The stack dispatches on skb->protocol, which the DECAP flag set; the

@@ -117,7 +117,13 @@ def test_what_the_daemon_logs(
     b1 = str(lab.addr("b1"))
     lines = len(records(lb))
     lb.reload(vips(lab, {"b1": 3, "b2": 1, "b3": 1}))
-    diff = [r for r in records(lb)[lines:] if r["message"].startswith("reload (")]
+    # The reload is applied when its plan is; its log lines may follow a moment later.
+    diff = wait_for(
+        lambda: [r for r in records(lb)[lines:] if r["message"].startswith("reload (")],
+        "the reload's diff in the log",
+        until=lambda d: any("change" in r for r in d),
+        detail=lb.log_tail,
+    )
     changes = [r for r in diff if "change" in r]
     assert [r["change"] for r in changes] == [f"VIP {NAME}: backend {b1} weight 1 -> 3"], diff
     assert (changes[0]["vip"], changes[0]["backend"], changes[0]["level"]) == (NAME, b1, "INFO")
