@@ -55,6 +55,22 @@ def test_list_and_status_reach_the_daemon_the_file_names(lab: Lab, lb: LbNode) -
     assert r.returncode == 0, r.stderr
     st = json.loads(r.stdout)
     assert st["source"] == "daemon" and st["vips"][0]["backends"][0]["health"] == "unchecked"
+    # Which program runs on which interface, and why: the lab's eth0 is a veth.
+    assert st["hooks"] == [
+        {
+            "name": "eth0",
+            "hook": "tc",
+            "why": "auto: veth is a virtual device (XDP there would lose GSO and checksum offload)",
+        }
+    ]
+    r = xdplb(lab, "status", "-c", cfg)
+    assert r.returncode == 0, r.stderr
+    assert "attached to eth0 (tc)" in r.stdout.splitlines()[0]
+    assert "  eth0: tc (auto: veth is a virtual device" in r.stdout
+    # From the pins (no daemon asked): the hook, not the reason, which only the daemon saw.
+    r = xdplb(lab, "status", "-c", cfg, "--offline", "--json")
+    assert r.returncode == 0, r.stderr
+    assert json.loads(r.stdout)["hooks"] == [{"name": "eth0", "hook": "tc", "why": None}]
     # By instance name alone the CLI asks the default socket, where nothing listens.
     r = xdplb(lab, "list", "-i", lb.instance)
     assert r.returncode == 3
