@@ -1,4 +1,4 @@
-"""``make demo``: the lab, real traffic through lb_xdp, and what a backend removal moves.
+"""``make demo``: the lab, real traffic through the balancer, and what a backend removal moves.
 
 1. builds the lab (client, LB, three backends in network namespaces), attaches host_tc
    on the backends and starts a real server on each;
@@ -142,7 +142,7 @@ def _table(title: str, lab: Lab, lb: LbNode, landed: dict[str, Counter[str]]) ->
 
 def _acl_step(lb: LbNode, http4: Callable[[int], str]) -> None:
     """Deny the client's /24 on the HTTP VIP, live: its new connections get nothing (the
-    SYN is dropped in XDP), the hits are counted; then let it back in."""
+    SYN is dropped by the balancer), the hits are counted; then let it back in."""
     prefix, vip = "198.18.0.0/24", f"{VIP4}:80/tcp"
     console.print(
         f"[bold]xdplb acl deny {escape(prefix)} --vip {escape(vip)}[/bold] (live, through the API):"
@@ -170,7 +170,7 @@ def _cli(lb: LbNode, *args: str) -> str:
 
 def teardown(lb: LbNode) -> None:
     """The demo's cleanup: SIGTERM the daemon (it removes its API socket and pid file as
-    it exits), then detach lb_xdp and remove its pins and the run files it keeps across
+    it exits), then detach the balancer and remove its pins and the run files it keeps across
     restarts (LbNode.destroy)."""
     try:
         if lb.proc is not None and lb.proc.poll() is None:
@@ -296,8 +296,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     cleanup_stale()
     console.print(
         Panel.fit(
-            "client 198.18.0.1 ─► LB 198.18.0.2 (lb_xdp, XDP) ─GUE─► b1 .11 · b2 .12 · b3 .13 "
-            "(host_tc)\nreplies go straight back to the client (direct server return)",
+            "client 198.18.0.1 ─► LB 198.18.0.2 (lb_tc: the balancer at TC, as on every veth) "
+            "─GUE─► b1 .11 · b2 .12 · b3 .13 (host_tc)\nreplies go straight back to the client "
+            "(direct server return); offloads at their defaults",
             title="xdplb demo: the lab",
         )
     )
