@@ -30,7 +30,7 @@ DESTDIR    ?=
 SYSCONFDIR ?= /etc
 INSTALL_ENV = DESTDIR='$(DESTDIR)' PREFIX='$(PREFIX)' SYSCONFDIR='$(SYSCONFDIR)' BUILD_PY='$(PY)'
 
-.PHONY: all deps build test test-unit test-bpf test-e2e fuzz demo bench soak lint clean \
+.PHONY: all deps build test test-unit test-bpf test-e2e fuzz demo bench bench-hooks soak lint clean \
         install uninstall deb
 
 all: build
@@ -115,6 +115,11 @@ deb: build
 
 bench: build
 	$(PY) bench/bench.py --out bench/results.json
+
+# The two hooks on veth against plain routing and nftables DNAT, in the lab (docs/benchmarks.md).
+bench-hooks: build
+	@XDPLB_BENCH_DEPS=1 ./scripts/deps.sh
+	$(PY) bench/hooks_bench.py --out bench/hooks_results.json
 
 # Not part of `make test`: the lab under load and churn for SOAK_SECONDS (docs/operations.md).
 SOAK_SECONDS ?= 600

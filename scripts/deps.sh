@@ -7,6 +7,11 @@ APT_PACKAGES="clang llvm libbpf-dev bpftool iproute2 gcc make python3 python3-ve
     pkg-config libelf-dev zlib1g-dev ethtool iputils-ping
     chromium chromium-driver fonts-dejavu-core"
 
+# make bench-hooks: the servers and load generators of the hooks benchmark.
+if [ "${XDPLB_BENCH_DEPS:-0}" = 1 ]; then
+    APT_PACKAGES="$APT_PACKAGES nginx-light wrk iperf3 nftables"
+fi
+
 missing=""
 for p in $APT_PACKAGES; do
     dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing="$missing $p"
