@@ -25,7 +25,7 @@ Depends: python3.11, libbpf1 (>= 1:1.1), iproute2
 Section: net
 Priority: optional
 Description: layer-4 load balancer on XDP, with its control plane
- lb_xdp picks a backend (Maglev or Beamer tables, a connection table) and tunnels the
+ lb_xdp (XDP; lb_tc at TC on veth) picks a backend (Maglev or Beamer tables, a session table) and tunnels the
  packet to it (GUE or IPIP); host_tc decapsulates it on the backend; replies go straight
  back to the client. Units: xdplb.service (the balancer), xdplb-host.service (backends).
 CONTROL

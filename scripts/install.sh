@@ -46,7 +46,7 @@ if [ "$action" = uninstall ]; then
 fi
 [ "$action" = install ] || die "usage: install.sh [install|uninstall]"
 
-for o in lb_xdp host_tc hc_tc; do
+for o in lb_xdp lb_tc host_tc hc_tc; do
     [ -f "build/$o.bpf.o" ] || die "build/$o.bpf.o is missing: run make build"
 done
 for m in src/xdplb/datapath/_libbpf_c src/xdplb/tables/_maglev_c; do
