@@ -162,4 +162,24 @@ static __always_inline int lb_encap(struct lb_ctx *ctx, const struct lb_pkt *pkt
 	return lb_fib_forward6(ctx, eth, l3, tgt->be_id, ptb);
 }
 
+/* lb_encap() with its variant's constants: IPIP, or GUE with 1..4 hops. */
+static __always_inline int lb_encap_variant(struct lb_ctx *ctx, const struct lb_pkt *pkt,
+					    const struct lb_target *tgt,
+					    const struct xdplb_config *cfg, __u8 encap,
+					    const int v6)
+{
+	if (encap == XDPLB_ENCAP_IPIP)
+		return lb_encap(ctx, pkt, tgt, cfg, v6, 0, 1);
+	switch (tgt->nhops) {
+	case 2:
+		return lb_encap(ctx, pkt, tgt, cfg, v6, 1, 2);
+	case 3:
+		return lb_encap(ctx, pkt, tgt, cfg, v6, 1, 3);
+	case 4:
+		return lb_encap(ctx, pkt, tgt, cfg, v6, 1, 4);
+	default:
+		return lb_encap(ctx, pkt, tgt, cfg, v6, 1, 1);
+	}
+}
+
 #endif /* XDPLB_LIB_ENCAP_H */

@@ -122,32 +122,9 @@ forward:
 	 * 11, 12: outer family is the backend's; sizes are constant per variant
 	 * (family, GUE or not, hop count 1..XDPLB_MAX_HOPS).
 	 */
-	if (tgt.be->family == XDPLB_FAMILY_V6) {
-		if (vip->encap == XDPLB_ENCAP_IPIP)
-			return lb_encap(ctx, pkt, &tgt, cfg, 1, 0, 1);
-		switch (tgt.nhops) {
-		case 2:
-			return lb_encap(ctx, pkt, &tgt, cfg, 1, 1, 2);
-		case 3:
-			return lb_encap(ctx, pkt, &tgt, cfg, 1, 1, 3);
-		case 4:
-			return lb_encap(ctx, pkt, &tgt, cfg, 1, 1, 4);
-		default:
-			return lb_encap(ctx, pkt, &tgt, cfg, 1, 1, 1);
-		}
-	}
-	if (vip->encap == XDPLB_ENCAP_IPIP)
-		return lb_encap(ctx, pkt, &tgt, cfg, 0, 0, 1);
-	switch (tgt.nhops) {
-	case 2:
-		return lb_encap(ctx, pkt, &tgt, cfg, 0, 1, 2);
-	case 3:
-		return lb_encap(ctx, pkt, &tgt, cfg, 0, 1, 3);
-	case 4:
-		return lb_encap(ctx, pkt, &tgt, cfg, 0, 1, 4);
-	default:
-		return lb_encap(ctx, pkt, &tgt, cfg, 0, 1, 1);
-	}
+	if (tgt.be->family == XDPLB_FAMILY_V6)
+		return lb_encap_variant(ctx, pkt, &tgt, cfg, vip->encap, 1);
+	return lb_encap_variant(ctx, pkt, &tgt, cfg, vip->encap, 0);
 }
 
 /*
