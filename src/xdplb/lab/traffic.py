@@ -53,8 +53,9 @@ def http_post(
         conn.request("POST", "/", body=body, headers={"Connection": "close"})
         resp = conn.getresponse()
         data = resp.read()
-    except OSError as e:
-        raise ExchangeError(f"HTTP {addr}:{port} from port {src_port}: {e}") from e
+    except (OSError, http.client.HTTPException) as e:
+        # HTTPException: the server died mid-reply (IncompleteRead, a bad status line).
+        raise ExchangeError(f"HTTP {addr}:{port} from port {src_port}: {e!r}") from e
     finally:
         sock.close()
     name, sep, echoed = data.partition(b"\n")
