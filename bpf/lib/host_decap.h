@@ -177,6 +177,43 @@ host_parse_l4(void *data, void *l4, void *data_end, __u8 proto, struct host_tunn
 	return HOST_V_DECAP;
 }
 
+/*
+ * A GSO packet must hold one inner packet to be decapsulated as one: lb_tc's
+ * tunnel GSO packets do, and so do GRO's merges of IPIP / 6in4 / 4in6 (GRO
+ * rewrites every IP length of the stack).  A train of outer datagrams merged
+ * by UDP GRO (rx-udp-gro-forwarding, rx-gro-list) does not: its inner IP
+ * length covers the first datagram only, and decapsulated it would reach the
+ * stack as that datagram followed by bytes the stack trims.  No GUE train
+ * reached host_tc on 6.18 with either feature on (docs/operations.md), but
+ * one that does is refused, counted as malformed, never delivered cut short.
+ * An inner length of 0 is BIG TCP's (the skb's length is the packet's).
+ */
+static __always_inline int host_gso_whole(struct __sk_buff *skb, void *inner,
+					  void *data_end, const struct host_tunnel *t)
+{
+	__u32 rest = skb->len - ETH_HLEN - t->outer_len;
+	__u32 len;
+
+	if (!skb->gso_size)
+		return 1;
+	if (t->inner_family == XDPLB_FAMILY_V4) {
+		struct iphdr *ip = inner;
+
+		if ((void *)(ip + 1) > data_end)
+			return 0;
+		len = bpf_ntohs(ip->tot_len);
+	} else {
+		struct ipv6hdr *ip6 = inner;
+
+		if ((void *)(ip6 + 1) > data_end)
+			return 0;
+		len = bpf_ntohs(ip6->payload_len);
+		if (len)
+			len += sizeof(*ip6);
+	}
+	return len == 0 || len == rest;
+}
+
 static __always_inline enum host_verdict
 host_parse(struct __sk_buff *skb, struct host_tunnel *t)
 {
@@ -238,6 +275,8 @@ host_parse(struct __sk_buff *skb, struct host_tunnel *t)
 	if (v != HOST_V_DECAP)
 		return v;
 	t->outer_len = (__u32)(inner - (void *)(eth + 1));
+	if (!host_gso_whole(skb, inner, data_end, t))
+		return HOST_V_MALFORMED;
 	return HOST_V_DECAP;
 }
 

@@ -33,7 +33,7 @@ from xdplb.core import abi
 from xdplb.core.addresses import IPAddress
 from xdplb.datapath import Program
 from xdplb.datapath.host import HostDatapath
-from xdplb.datapath.testrun import TestRunResult
+from xdplb.datapath.testrun import TestRunResult, skb_ctx
 from xdplb.lab import netns
 from xdplb.lab.packets import IPPROTO_IPIP, ether, gue_encap, gue_header, ipip_encap
 
@@ -229,6 +229,61 @@ def test_host_tc(host_obj: object, case: Case) -> None:
     if case.retval == TC_ACT_OK:
         want = case.frame if case.out is None else case.out
         assert res.data == want, _diff(res.data, want)
+
+
+#: A sender's segment size, and the segments of the GSO packets below.
+MSS, SEGS = 1000, 3  # a test run takes at most a page
+
+
+def _gso_run(host_obj: object, outer: Packet) -> tuple[int, dict[abi.HostEvent, int]]:
+    prog = host_obj.program("host_tc")  # type: ignore[attr-defined]
+    before = _events(host_obj)
+    res = prog.test_run(ether(outer), ctx=skb_ctx(gso_size=MSS, gso_segs=SEGS))
+    after = _events(host_obj)
+    return res.retval, {
+        ev: after[ev] - before[ev] for ev in abi.HostEvent if after[ev] > before[ev]
+    }
+
+
+@pytest.mark.parametrize(
+    "outer",
+    [
+        ipip_encap(
+            IP(src="198.18.0.1", dst="198.18.100.1") / TCP(flags="A") / bytes(MSS * SEGS),
+            LB4,
+            HOST4,
+        ),
+        gue_encap(INNER6 / bytes(MSS * SEGS), LB4, HOST4),
+    ],
+    ids=["ipip", "gue-6in4"],
+)
+def test_gso_packet_holding_one_inner_packet_goes_to_decap(host_obj: object, outer: Packet) -> None:
+    """A GSO packet whose inner IP length spans it (lb_tc's, or IPIP merged by GRO) is
+    parsed and decapsulated. A test run's GSO skb has no GSO type, and the kernel
+    refuses to shrink an untyped GSO packet (bpf_skb_net_shrink: only TCP, or UDP with
+    FIXED_GSO): here that is DROP_DECAP, past the parser; real merged packets are
+    decapsulated in tests/e2e/test_offloads.py."""
+    retval, moved = _gso_run(host_obj, outer)
+    assert abi.HostEvent.DROP_MALFORMED not in moved, moved
+    assert moved.get(abi.HostEvent.DROP_DECAP) == 1, moved
+    assert retval == TC_ACT_SHOT
+
+
+@pytest.mark.parametrize("family", [4, 6])
+def test_gso_train_of_gue_datagrams_is_refused(host_obj: object, family: int) -> None:
+    """UDP GRO (rx-udp-gro-forwarding, rx-gro-list) would merge GUE datagrams into one
+    GSO packet whose outer UDP spans them all while the first inner IP header spans one
+    datagram. Decapsulated as one packet, the stack would keep the first datagram and
+    trim the rest: host_tc refuses it as malformed instead."""
+    lb, host = (LB4, HOST4) if family == 4 else (LB6, HOST6)
+    one = bytes(gue_encap(INNER4 / bytes(MSS - 40), lb, host))
+    udp_off = 20 if family == 4 else 40
+    datagram = one[udp_off + 8 :]  # GUE + inner packet
+    outer_ip = IP(src=str(lb), dst=str(host)) if family == 4 else IPv6(src=str(lb), dst=str(host))
+    train = outer_ip / UDP(sport=0x8001, dport=abi.GUE_PORT, chksum=0) / (datagram * SEGS)
+    retval, moved = _gso_run(host_obj, train)
+    assert retval == TC_ACT_SHOT
+    assert moved == {abi.HostEvent.DROP_MALFORMED: 1}, moved
 
 
 def test_gue_port_zero_means_no_gue(host_obj: object) -> None:

@@ -145,3 +145,66 @@ def test_udp_gso_datagrams_each_reach_the_backend_through_lb_tc(lab: Lab, tmp_pa
         lb.destroy()
         for p in servers:
             p.kill()
+
+
+def ethtool(lab: Lab, node: str, dev: str, *features: str) -> None:
+    lab.run(node, ["ethtool", "-K", dev, *features])
+
+
+@pytest.mark.parametrize("encap", ["ipip", "gue"])
+def test_backends_receiving_through_gro_get_every_byte(
+    lab: Lab, tmp_path: Path, encap: str
+) -> None:
+    """The backends' interfaces aggregate like a NIC's GRO: the client sends MTU-sized
+    segments (its TSO off), lb_tc encapsulates each, and the backend's veth merges them
+    before host_tc runs (GRO on, and TSO off on the switch port facing it: veth merges
+    only what its peer could not have sent as one GSO packet).
+
+    IPIP: the kernel merges tunnel packets (ipip_gro_receive), so host_tc decapsulates
+    packets of many segments, each whole. GUE: with UDP GRO forwarding and fraglist GRO
+    on as well, the kernel (6.18) merges none (no fou socket claims the port), and
+    host_tc would refuse a train of datagrams rather than deliver it cut short
+    (tests/bpf/test_host_tc.py); every byte arrives either way."""
+    servers = lab.start_servers()
+    backends = [{"address": str(lab.addr(b))} for b in lab.backends]
+    vips = [{"address": VIP, "port": 80, "encap": encap, "backends": backends}]
+    gro = ["gro", "on"] + (
+        ["rx-udp-gro-forwarding", "on", "rx-gro-list", "on"] if encap == "gue" else []
+    )
+    lb = LbNode(lab, tmp_path, vips)
+    try:
+        ethtool(lab, "client", "eth0", "tso", "off", "gso", "off")
+        for b in lab.backends:
+            ethtool(lab, "sw", b, "tso", "off")
+            ethtool(lab, b, "eth0", *gro)
+        lb.start()
+        event = abi.HostEvent.DECAP_IPIP if encap == "ipip" else abi.HostEvent.DECAP_GUE
+        before = {b: lab.hosts[b].events() for b in lab.backends}
+        packets0, _ = vip_bytes_per_packet(lb)
+        errors = sum(csum_errors(lab, b) for b in lab.backends)
+        body = bytes(range(256)) * (BULK // 256)
+        for _ in range(3):
+            assert http_post(lab.ns("client"), VIP, 80, body, timeout=10.0) in lab.backends
+        packets = vip_bytes_per_packet(lb)[0] - packets0
+        delta = {
+            ev: sum(lab.hosts[b].events()[ev] - before[b][ev] for b in lab.backends)
+            for ev in abi.HostEvent
+        }
+        assert delta[abi.HostEvent.DROP_MALFORMED] == delta[abi.HostEvent.DROP_DECAP] == 0
+        assert sum(csum_errors(lab, b) for b in lab.backends) == errors
+        # The client sent MTU-sized segments: at least one per 1400 bytes went through lb_tc.
+        assert packets >= 3 * BULK // 1400, packets
+        if encap == "ipip":
+            assert delta[event] < packets // 3, (delta[event], packets)  # merged
+        else:
+            assert delta[event] >= packets * 9 // 10, (delta[event], packets)  # not merged
+    finally:
+        lb.destroy()
+        for p in servers:
+            p.kill()
+        ethtool(lab, "client", "eth0", "tso", "on", "gso", "on")
+        for b in lab.backends:
+            ethtool(lab, "sw", b, "tso", "on")
+            ethtool(
+                lab, b, "eth0", "gro", "off", "rx-udp-gro-forwarding", "off", "rx-gro-list", "off"
+            )
