@@ -123,7 +123,7 @@ def test_decap_and_direct_reply(
 
 def test_xdp_tx_on_lb_reaches_backend(echo_lab: Lab) -> None:
     """A frame the LB's XDP program sends back out with XDP_TX reaches the backend
-    (the lab put xdp_pass on the bridge-side peer), and the backend's reply reaches the
+    (with xdp_pass on the bridge-side peer, as lb_xdp gets it), and the backend's reply reaches the
     client directly. The client's datagrams carry no UDP checksum (SO_NO_CHECK): with
     checksum offload on, XDP on veth would deliver the pseudo-header sum in its place
     (test_offloads.py shows lb_xdp doing so)."""
@@ -132,6 +132,7 @@ def test_xdp_tx_on_lb_reaches_backend(echo_lab: Lab) -> None:
     from xdplb.datapath import BpfObject, XdpMode, attach_xdp
 
     vip = _vip(lab, 4)
+    detach_peer = lab.peer_xdp("lb")
     with BpfObject.load(path) as obj:
         mac = bytes.fromhex(lab.mac("b3").replace(":", "")) + b"\0\0"
         obj.map("lab_tx_mac").update((0).to_bytes(4, "little"), mac)
@@ -149,6 +150,7 @@ def test_xdp_tx_on_lb_reaches_backend(echo_lab: Lab) -> None:
                 with contextlib.suppress(TimeoutError):
                     replies += sock.recv(2048) == b"b3\nvia xdp_tx"
             link.detach()
+    detach_peer()
     assert replies >= 4  # the first may wait for ARP
 
 

@@ -13,14 +13,14 @@ import signal
 import socket
 import subprocess
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
 import httpx
 import yaml
 
-from xdplb.config import Config, parse_config
+from xdplb.config import Config, HookName, parse_config
 from xdplb.control import planner
 from xdplb.core import paths
 from xdplb.core.errors import LabError
@@ -58,6 +58,8 @@ class LbNode:
         lab.pin_root("lb" if node == "lb" else f"{node}lb")
         lab.on_teardown(self.destroy)
         self.doc: dict[str, Any] = {}
+        #: Detaches the xdp_pass that an ``xdp`` hook needs on our bridge port (None: none).
+        self._peer_xdp: Callable[[], None] | None = None
         self.write(vips, **extra)
 
     def write(self, vips: list[dict[str, Any]], **extra: Any) -> Config:
@@ -74,6 +76,7 @@ class LbNode:
         }
         doc.update(extra)
         cfg = parse_config(doc)
+        self._follow_hooks(cfg)
         tmp = self.config_path.with_suffix(".tmp")
         tmp.write_text(yaml.safe_dump(doc))
         tmp.replace(self.config_path)  # atomic: the daemon never reads half a file
@@ -254,6 +257,17 @@ class LbNode:
         except OSError:
             return "(no log)"
 
+    def _follow_hooks(self, cfg: Config) -> None:
+        """lb_xdp on a lab veth transmits with XDP_TX, which the bridge port delivers only
+        with an XDP program of its own (:meth:`Lab.peer_xdp`): there while a configuration
+        asks for ``hook: xdp``, gone when none does (``auto`` picks TC on veth)."""
+        wants = any(i.hook == HookName.XDP for i in cfg.interfaces)
+        if wants and self._peer_xdp is None:
+            self._peer_xdp = self.lab.peer_xdp(self.node)
+        elif not wants and self._peer_xdp is not None:
+            self._peer_xdp()
+            self._peer_xdp = None
+
     def destroy(self) -> None:
         """Stop the daemon if running, detach lb_xdp, remove every pin and run file."""
         if self.proc is not None and self.proc.poll() is None:
@@ -261,6 +275,9 @@ class LbNode:
             self.proc.wait()
         self.proc = None
         destroy(self.instance)
+        if self._peer_xdp is not None:
+            self._peer_xdp()
+            self._peer_xdp = None
         for path in run_files(self.instance):
             path.unlink(missing_ok=True)
 

@@ -115,13 +115,11 @@ class Lab:
         backends: int = 3,
         vips: Sequence[IPAddress | str] = DEFAULT_VIPS,
         *,
-        peer_xdp: bool = True,
         colocated: bool = False,
         reply_mtu: int | None = None,
     ) -> None:
         """``backends``: how many backend hosts (b1..bN, .11, .12, ...). ``vips``: the
-        addresses put on every backend's loopback. ``peer_xdp``: attach xdp_pass to
-        the bridge-side peer of the LB's veth, so XDP_TX on the LB delivers.
+        addresses put on every backend's loopback.
         ``colocated``: every backend is also a balancer (Unimog, Nickel): the client
         spreads VIP traffic over the backends by ECMP, and the backends forward like
         the LB does (the ``lb`` node is still there, unused).
@@ -141,7 +139,6 @@ class Lab:
             addr = ipaddress.ip_address(v)
             check_lab_address(addr)
             self.vips.append(addr)
-        self.peer_xdp = peer_xdp
         self.colocated = colocated
         self.prefix = registry.new_prefix()
         names = ["client", "lb"] + (["rt"] if reply_mtu else [])
@@ -308,8 +305,6 @@ class Lab:
             self._setup_backend(self.nodes[name])
         if self.reply_mtu is not None:
             self._setup_reply_router(self.reply_mtu)
-        if self.peer_xdp:
-            self._attach_peer_xdp()
 
     def _sysctl(self, name: str, settings: dict[str, str | int]) -> None:
         with self.enter(name):
@@ -464,21 +459,38 @@ class Lab:
             self._add_vip(self.nodes[name], vip)
         self.vips.append(vip)
 
-    def _attach_peer_xdp(self) -> None:
-        # A veth drops frames sent to it by XDP_TX/XDP_REDIRECT unless the receiving
-        # peer runs XDP (or has GRO on, which also turns on its NAPI ring). The LB's
-        # XDP_TX lands on its bridge port: give that port an XDP_PASS program.
+    def peer_xdp(self, node: str) -> Callable[[], None]:
+        """Attach xdp_pass to the bridge-side port of ``node``'s veth, so that frames
+        ``node`` sends with XDP_TX are delivered (a veth drops them unless the receiving
+        peer runs XDP; with GRO on instead, 6.18 did not deliver them either). Returns the
+        detach; teardown detaches in any case.
+
+        Only while an XDP program on ``node`` transmits: with a program on the port, veth
+        runs every skb through it and takes the node's GSO packets apart on the way (bulk
+        TCP of every mode capped at about 2 Gbit/s in ``make bench-hooks``, 8 without).
+        """
         from xdplb.datapath import BpfObject, XdpMode, attach_xdp
 
         obj = BpfObject.load(paths.bpf_object("xdp_pass"))
-        self.on_teardown(obj.close)
-        # Co-located, every backend balances too, so every backend's port needs it.
-        ports = ["lb", *self.backends] if self.colocated else ["lb"]
-        with self.enter(SWITCH):
-            for port in ports:
-                ifindex = socket.if_nametoindex(port)
-                link = attach_xdp(obj.program("xdp_pass"), ifindex, XdpMode.NATIVE)
-                self.on_teardown(link.close)
+        try:
+            with self.enter(SWITCH):
+                link = attach_xdp(
+                    obj.program("xdp_pass"), socket.if_nametoindex(node), XdpMode.NATIVE
+                )
+        except BaseException:
+            obj.close()
+            raise
+        done = False
+
+        def detach() -> None:
+            nonlocal done
+            if not done:
+                done = True
+                link.close()
+                obj.close()
+
+        self.on_teardown(detach)
+        return detach
 
     # -- teardown ------------------------------------------------------------------------
 
