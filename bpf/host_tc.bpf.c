@@ -12,6 +12,7 @@
  * Contract: docs/datapath.md, "host_tc".
  */
 #include <linux/bpf.h>
+#include <linux/if_packet.h>
 #include <linux/pkt_cls.h>
 #include <bpf/bpf_helpers.h>
 
@@ -61,10 +62,19 @@ int host_tc(struct __sk_buff *skb)
 		host_count(ev);
 	}
 
+	if (host_segment_via_lo(skb, &t))
+		return bpf_redirect(HOST_LOOPBACK_IFINDEX, 0);
+
 	if (host_decap(skb, &t) < 0) {
 		host_count(XDPLB_HOST_DROP_DECAP);
 		return TC_ACT_SHOT;
 	}
+	/*
+	 * On lo, a datagram of a packet sent there to be segmented: lo took the
+	 * frame's destination MAC, the NIC's, for another host's.
+	 */
+	if (skb->ifindex == HOST_LOOPBACK_IFINDEX)
+		bpf_skb_change_type(skb, PACKET_HOST);
 	host_count(t.event);
 	return TC_ACT_OK;
 }

@@ -63,6 +63,7 @@ struct host_tunnel {
 	__u8 event;		/* XDPLB_HOST_DECAP_GUE or XDPLB_HOST_DECAP_IPIP */
 	__u8 next_hop;		/* GUE only: hop index the packet was sent to */
 	__u8 hop_count;		/* GUE only: hops in the list */
+	__u8 gso_udp;		/* a GSO packet of inner UDP datagrams */
 };
 
 /*
@@ -189,7 +190,7 @@ host_parse_l4(void *data, void *l4, void *data_end, __u8 proto, struct host_tunn
  * An inner length of 0 is BIG TCP's (the skb's length is the packet's).
  */
 static __always_inline int host_gso_whole(struct __sk_buff *skb, void *inner,
-					  void *data_end, const struct host_tunnel *t)
+					  void *data_end, struct host_tunnel *t)
 {
 	__u32 rest = skb->len - ETH_HLEN - t->outer_len;
 	__u32 len;
@@ -202,12 +203,14 @@ static __always_inline int host_gso_whole(struct __sk_buff *skb, void *inner,
 		if ((void *)(ip + 1) > data_end)
 			return 0;
 		len = bpf_ntohs(ip->tot_len);
+		t->gso_udp = ip->protocol == IPPROTO_UDP;
 	} else {
 		struct ipv6hdr *ip6 = inner;
 
 		if ((void *)(ip6 + 1) > data_end)
 			return 0;
 		len = bpf_ntohs(ip6->payload_len);
+		t->gso_udp = ip6->nexthdr == IPPROTO_UDP;
 		if (len)
 			len += sizeof(*ip6);
 	}
@@ -286,6 +289,29 @@ host_parse(struct __sk_buff *skb, struct host_tunnel *t)
  * CHECKSUM_COMPLETE, and downgrades CHECKSUM_UNNECESSARY (which vouched for
  * the outer headers only).
  */
+/*
+ * A GUE packet that is a GSO packet of UDP datagrams (lb_tc encapsulates a
+ * sender's UDP_SEGMENT send whole) must not be decapsulated whole: the skb
+ * would keep its UDP-tunnel GSO state, which no helper clears on 6.18
+ * (BPF_F_ADJ_ROOM_DECAP_L4_UDP came later), and a socket without UDP_GRO,
+ * which has the kernel segment what it receives, would lose every datagram
+ * uncounted (the kernel segments it as a tunnel packet again).  IPIP's GSO
+ * state is harmless there, and TCP never segments what it receives.
+ *
+ * Such a packet goes out through lo instead: lo offers no tunnel GSO, so the
+ * kernel segments it there, as the tunnel packet it still is, into GUE
+ * datagrams, and host_tc on lo's ingress decapsulates each.  Never on lo
+ * itself: what comes back is no longer GSO, but the check keeps a loop out.
+ */
+#define HOST_LOOPBACK_IFINDEX	1
+
+static __always_inline int host_segment_via_lo(const struct __sk_buff *skb,
+					       const struct host_tunnel *t)
+{
+	return t->event == XDPLB_HOST_DECAP_GUE && t->gso_udp &&
+	       skb->ifindex != HOST_LOOPBACK_IFINDEX;
+}
+
 static __always_inline int host_decap(struct __sk_buff *skb, const struct host_tunnel *t)
 {
 	__u64 decap = 0;

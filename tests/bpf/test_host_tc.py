@@ -235,10 +235,13 @@ def test_host_tc(host_obj: object, case: Case) -> None:
 MSS, SEGS = 1000, 3  # a test run takes at most a page
 
 
-def _gso_run(host_obj: object, outer: Packet) -> tuple[int, dict[abi.HostEvent, int]]:
+def _gso_run(
+    host_obj: object, outer: Packet, ifindex: int = 0
+) -> tuple[int, dict[abi.HostEvent, int]]:
     prog = host_obj.program("host_tc")  # type: ignore[attr-defined]
     before = _events(host_obj)
-    res = prog.test_run(ether(outer), ctx=skb_ctx(gso_size=MSS, gso_segs=SEGS))
+    ctx = skb_ctx(ifindex=ifindex, gso_size=MSS, gso_segs=SEGS)
+    res = prog.test_run(ether(outer), ctx=ctx)
     after = _events(host_obj)
     return res.retval, {
         ev: after[ev] - before[ev] for ev in abi.HostEvent if after[ev] > before[ev]
@@ -267,6 +270,42 @@ def test_gso_packet_holding_one_inner_packet_goes_to_decap(host_obj: object, out
     assert abi.HostEvent.DROP_MALFORMED not in moved, moved
     assert moved.get(abi.HostEvent.DROP_DECAP) == 1, moved
     assert retval == TC_ACT_SHOT
+
+
+#: lo's ifindex in every namespace, and a test run's device when its context names none.
+LOOPBACK = 1
+
+
+@pytest.mark.parametrize("family", [4, 6])
+def test_gue_gso_packet_of_udp_datagrams_goes_to_lo_to_be_segmented(
+    host_obj: object, chain_ns: ChainNs, family: int
+) -> None:
+    """Decapsulated whole, a GUE packet of UDP GSO would keep its UDP-tunnel GSO state and
+    a socket without UDP_GRO would lose it: host_tc redirects it, still encapsulated, to
+    lo's egress (the kernel segments it there) and decapsulates the datagrams on lo's
+    ingress, where the same packet is not redirected again. IPIP is decapsulated whole
+    (the kernel segments IPIP's leftovers correctly); so is UDP that is not GSO."""
+    lb, host = (LB4, HOST4) if family == 4 else (LB6, HOST6)
+    inner = (
+        INNER4 / bytes(MSS * SEGS)
+        if family == 4
+        else (
+            IPv6(src="fd78:6470:6c62::1", dst="fd78:6470:6c62:100::1")
+            / UDP(sport=1, dport=53)
+            / bytes(MSS * SEGS)
+        )
+    )
+    gue = gue_encap(inner, lb, host)
+    retval, moved = _gso_run(host_obj, gue, ifindex=chain_ns.ifindex)
+    assert (retval, moved) == (TC_ACT_REDIRECT, {NOT_TCP: 1})
+    # On lo: decapsulated (a test run's GSO skb is untyped, which the kernel refuses to
+    # shrink: DROP_DECAP; what lo really receives are single datagrams, not GSO).
+    retval, moved = _gso_run(host_obj, gue, ifindex=LOOPBACK)
+    assert (retval, moved) == (TC_ACT_SHOT, {NOT_TCP: 1, abi.HostEvent.DROP_DECAP: 1})
+    retval, moved = _gso_run(host_obj, ipip_encap(inner, lb, host), ifindex=chain_ns.ifindex)
+    assert (retval, moved) == (TC_ACT_SHOT, {abi.HostEvent.DROP_DECAP: 1})
+    res = host_obj.program("host_tc").test_run(ether(gue_encap(INNER4, lb, host)))  # type: ignore[attr-defined]
+    assert res.retval == TC_ACT_OK
 
 
 @pytest.mark.parametrize("family", [4, 6])

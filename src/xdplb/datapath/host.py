@@ -24,6 +24,8 @@ from xdplb.datapath.objects import BpfObject
 _ZERO = struct.pack("<I", 0)
 _ONE = struct.pack("<I", 1)
 MAP_NAMES = ("host_config", "host_addrs", "host_events")
+#: lo's ifindex, in every network namespace.
+LOOPBACK_IFINDEX = 1
 
 
 def host_events(maps: dict[str, Map]) -> dict[abi.HostEvent, int]:
@@ -68,9 +70,14 @@ class HostDatapath:
                 table.delete(key)
 
     def attach(self, ifindex: int) -> None:
-        """Attach at TC ingress of ``ifindex`` (in the calling thread's namespace),
-        replacing whatever host_tc ran there."""
-        tc_attach(self.obj.program("host_tc"), ifindex, ingress=True)
+        """Attach at TC ingress of ``ifindex`` and of lo (in the calling thread's
+        namespace), replacing whatever host_tc ran there. On lo it decapsulates the
+        datagrams of a GUE packet of UDP GSO, which it sends there for the kernel to
+        segment (docs/datapath.md, "host_tc")."""
+        prog = self.obj.program("host_tc")
+        tc_attach(prog, ifindex, ingress=True)
+        if ifindex != LOOPBACK_IFINDEX:
+            tc_attach(prog, LOOPBACK_IFINDEX, ingress=True)
 
     def events(self) -> dict[abi.HostEvent, int]:
         return host_events(self.maps)
@@ -79,7 +86,14 @@ class HostDatapath:
         self.obj.close()
 
 
-def detach(instance: str, ifindex: int) -> None:
-    """Take host_tc off ``ifindex`` and remove the instance's pins."""
+def detach_filters(ifindex: int) -> None:
+    """Take host_tc off ``ifindex`` and off lo (in the calling thread's namespace)."""
     tc_detach(ifindex, ingress=True)
+    if ifindex != LOOPBACK_IFINDEX:
+        tc_detach(LOOPBACK_IFINDEX, ingress=True)
+
+
+def detach(instance: str, ifindex: int) -> None:
+    """Take host_tc off ``ifindex`` (and lo) and remove the instance's pins."""
+    detach_filters(ifindex)
     shutil.rmtree(paths.pin_root(instance), ignore_errors=True)

@@ -7,8 +7,7 @@ import socket
 
 from xdplb.core import abi
 from xdplb.core.errors import LabError
-from xdplb.datapath import tc_detach
-from xdplb.datapath.host import HostDatapath
+from xdplb.datapath.host import HostDatapath, detach_filters
 from xdplb.lab.topology import IFNAME, Lab
 
 
@@ -45,7 +44,7 @@ def attach_host(lab: Lab, backend_name: str, gue_port: int = abi.GUE_PORT) -> Ho
         # The namespace's deletion removes the filter anyway; detach first so that a
         # lab kept alive (demo) does not run a program whose object is closed.
         with lab.enter(backend_name):
-            tc_detach(ifindex, ingress=True)
+            detach_filters(ifindex)
 
     lab.on_teardown(detach)
     att = HostAttachment(backend_name, ifindex, dp)
