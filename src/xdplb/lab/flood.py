@@ -11,8 +11,9 @@ second here, or a set rate (``--pps``).
 in the client's namespace (``python -m xdplb.lab.flood``), bounded in time and count:
 
 - XDP frames sent to a veth are dropped unless the peer runs XDP (KERNEL_NOTES):
-  the bridge-side port of the client gets ``xdp_pass`` for as long as the flood is
-  prepared (attach before measuring a baseline, so both runs see the same path);
+  the bridge-side port of the client gets ``xdp_pass`` (:meth:`Lab.peer_xdp`) for as
+  long as the flood is prepared (attach before measuring a baseline, so both runs see
+  the same path: one where that port takes the client's GSO packets apart);
 - the backends' SYN-ACKs to the spoofed sources are routed to the client, which
   drops them, as the Internet would lose them: without a route the backends would
   skip the SYN-ACK (and the SYN queue) altogether, and the flood would cost them
@@ -42,7 +43,7 @@ from types import FrameType, TracebackType
 
 from xdplb.core import paths
 from xdplb.core.errors import BpfError, LabError
-from xdplb.lab.topology import IFNAME, SEGMENT4, SWITCH, VIP_NET4, Lab, check_lab_address
+from xdplb.lab.topology import IFNAME, SEGMENT4, VIP_NET4, Lab, check_lab_address
 
 #: Spoofed sources by default: the lab range minus every network a lab host is on.
 DEFAULT_PREFIX = ipaddress.IPv4Network("198.19.0.0/16")
@@ -229,14 +230,7 @@ class SynFlood:
         self._undo.close()
 
     def _prepare(self) -> None:
-        from xdplb.datapath import BpfObject, XdpMode, attach_xdp
-
-        obj = BpfObject.load(paths.bpf_object("xdp_pass"))
-        self._undo.callback(obj.close)
-        with self.lab.enter(SWITCH):
-            port_ifindex = socket.if_nametoindex(self.node)
-            link = attach_xdp(obj.program("xdp_pass"), port_ifindex, XdpMode.NATIVE)
-        self._undo.callback(link.close)
+        self._undo.callback(self.lab.peer_xdp(self.node))
         via = str(self.lab.addr(self.node))
         for b in self.lab.backends:
             if b == self.node:
