@@ -133,7 +133,11 @@ def test_bench_quick_writes_valid_results(tmp_path: Path) -> None:
 
 def test_new_flow_flood_is_balanced_but_not_recorded(harness: bh.Harness) -> None:
     """Past the per-CPU insert budget of a 100 ms window, new flows are still forwarded by
-    the table, counted as CONN_FLOOD, and left out of the connection table."""
+    the table, counted as CONN_FLOOD, and left out of the connection table.
+
+    20,000 new flows take about 15 ms, inside one window; on a slow or busy machine the
+    run may cross into the next windows, each with its budget again: the bounds follow
+    from the run's own duration."""
     budget, n = 12_500, 20_000
     case = harness.cases["ipv4_new_flow"]
     first = harness._arm(case)
@@ -146,10 +150,17 @@ def test_new_flow_flood_is_balanced_but_not_recorded(harness: bh.Harness) -> Non
     harness._ctr = first + n
     assert res.retval == bh.XDP_TX
     deltas = {k: after[k] - before[k] for k in after if after[k] != before[k]}
-    assert deltas == {"CONN_MISS": n, "CONN_INSERT": budget, "TX": n, "CONN_FLOOD": n - budget}
-    conns, seed = harness.lb.conns, harness.lb.snapshot().config.seed
-    assert conns.get(bh.flow_key(bh.varied(case.packet, first + n - 1)), seed) is None
-    assert conns.get(bh.flow_key(bh.varied(case.packet, first)), seed) is not None
+    windows = 1 + res.duration_ns * n // abi.FLOOD_WINDOW_NS  # at most this many touched
+    inserts, flooded = deltas.get("CONN_INSERT", 0), deltas.get("CONN_FLOOD", 0)
+    assert deltas["CONN_MISS"] == deltas["TX"] == inserts + flooded == n, deltas
+    assert budget <= inserts <= budget * windows, (deltas, windows)
+    # More than one window's inserts may evict (a set holds 4): nothing else moves.
+    assert set(deltas) <= {"CONN_MISS", "CONN_INSERT", "TX", "CONN_FLOOD", "CONN_EVICT"}, deltas
+    if windows == 1:
+        assert deltas == {"CONN_MISS": n, "CONN_INSERT": budget, "TX": n, "CONN_FLOOD": n - budget}
+        conns, seed = harness.lb.conns, harness.lb.snapshot().config.seed
+        assert conns.get(bh.flow_key(bh.varied(case.packet, first)), seed) is not None
+        assert conns.get(bh.flow_key(bh.varied(case.packet, first + n - 1)), seed) is None
 
 
 def test_capture_case_records_one_in_a_thousand(harness: bh.Harness) -> None:
