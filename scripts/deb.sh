@@ -22,6 +22,7 @@ Architecture: $arch
 Maintainer: ${DEB_MAINTAINER:-xdplb maintainers <root@localhost>}
 Installed-Size: $size
 Depends: python3.11, libbpf1 (>= 1:1.1), iproute2
+Recommends: bird2
 Section: net
 Priority: optional
 Description: layer-4 load balancer on XDP, with its control plane

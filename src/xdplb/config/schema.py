@@ -547,6 +547,51 @@ class LimitsConfig(_Model):
         return (1 << (8 * self.vips - 1).bit_length()) - 1
 
 
+class BgpPeerConfig(_Model):
+    """A BGP neighbor of this node: a router that takes its VIPs."""
+
+    address: Address
+    """The router's address; the session carries the VIPs of this family."""
+    asn: Annotated[int, Field(ge=1, le=4294967295)]
+    """The router's AS (eBGP: another AS than ``bgp.asn``)."""
+    bfd: bool = True
+    """Run BFD with it (BIRD's ``bfd on``): a node whose link loses every packet is
+    withdrawn after ``bfd_interval_ms`` x ``bfd_multiplier``, not the hold time."""
+
+
+class BgpConfig(_Model):
+    """Announce the VIPs over BGP from this node, with BIRD 2 as the speaker
+    (docs/cluster.md): only while the node's self-check passes, withdrawn on stop."""
+
+    asn: Annotated[int, Field(ge=1, le=4294967295)]
+    """This node's AS: the same on every node of a cluster (a router merges only paths
+    of equal AS-path length, origin, MED and local preference)."""
+    router_id: V4Address | None = None
+    """BGP router id; default: ``tunnel.source_v4``."""
+    peers: list[BgpPeerConfig] = Field(min_length=1)
+    hold_time: Annotated[int, Field(ge=3, le=65535)] = 3
+    """BGP hold time, seconds (keepalives every third of it)."""
+    bfd_interval_ms: Annotated[int, Field(ge=10, le=10000)] = 100
+    bfd_multiplier: Annotated[int, Field(ge=1, le=255)] = 3
+    self_check_interval: Annotated[float, Field(ge=0.05, le=60)] = 0.5
+    """Seconds between self-checks; a failure withdraws every VIP at once."""
+    hold_down: Annotated[float, Field(ge=0, le=3600)] = 2.0
+    """Seconds the self-check must pass again before a withdrawn node announces again."""
+    drain: Annotated[float, Field(ge=0, le=300)] = 1.0
+    """Seconds between the withdrawal and the daemon's exit on SIGTERM or ``xdplb stop``:
+    the routers move the flows meanwhile, and the programs still serve them."""
+    bird: str = "bird"
+    """The BIRD 2 binary (looked up in PATH and /usr/sbin)."""
+
+    @field_validator("peers")
+    @classmethod
+    def _distinct(cls, v: list[BgpPeerConfig]) -> list[BgpPeerConfig]:
+        addrs = [p.address for p in v]
+        if len(set(addrs)) != len(addrs):
+            raise ValueError("a peer is listed twice")
+        return v
+
+
 class Config(_Model):
     """The whole desired state of one LB instance."""
 
@@ -576,6 +621,8 @@ class Config(_Model):
     """Connection-table insert budget and the new-flow rate limit."""
     sessions: SessionsConfig = Field(default_factory=SessionsConfig)
     """Idle timeouts of the session table."""
+    bgp: BgpConfig | None = None
+    """Announce the VIPs over BGP; absent: something else routes them here."""
     vips: list[VipConfig] = Field(default_factory=list, fail_fast=True)
 
     @field_validator("table_size")
@@ -647,8 +694,30 @@ class Config(_Model):
                 raise FieldError(
                     f"vips[{i}].load_feedback", "needs the top-level load_feedback section"
                 )
+        self._check_bgp()
         self._check_limits()
         return self
+
+    def _check_bgp(self) -> None:
+        if self.bgp is None:
+            return
+        if self.bgp.router_id is None and self.tunnel.source_v4 is None:
+            raise FieldError("bgp.router_id", "needed when tunnel.source_v4 is not set")
+        families = {p.address.version for p in self.bgp.peers}
+        for i, vip in enumerate(self.vips):
+            if vip.address.version not in families:
+                raise FieldError(
+                    f"vips[{i}].address",
+                    f"an IPv{vip.address.version} VIP needs an IPv{vip.address.version} "
+                    "peer in bgp.peers to be announced",
+                )
+
+    @property
+    def bgp_router_id(self) -> IPAddress | None:
+        """The BGP router id this node uses (None without bgp)."""
+        if self.bgp is None:
+            return None
+        return self.bgp.router_id or self.tunnel.source_v4
 
     def _check_limits(self) -> None:
         """What the configuration needs fits the maps ``limits`` sizes."""

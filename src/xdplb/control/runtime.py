@@ -333,6 +333,9 @@ class Runtime:
                 raise ConfigError(
                     "instance", f"cannot change while running ({self.instance} -> {cfg.instance})"
                 )
+            if (cfg.bgp is None) != (self.running.bgp is None):
+                # BIRD is started with the daemon's every capability, at start only.
+                raise ConfigError("bgp", "adding or removing it needs a restart")
             lost = dropped(self.file_config, self.running, cfg)
             if lost and not force:
                 raise ReloadRefused(lost)

@@ -36,6 +36,9 @@ from pathlib import Path
 import uvicorn
 
 from xdplb.agent.receiver import ReportReceiver
+from xdplb.cluster.announce import Announcer
+from xdplb.cluster.bird import BirdError
+from xdplb.cluster.selfcheck import self_check
 from xdplb.config import ApiConfig
 from xdplb.config.load import api_token
 from xdplb.control.caller import acting_for
@@ -149,6 +152,8 @@ class Daemon:
         self._stop = asyncio.Event()
         self._wake = asyncio.Event()
         self._reload = False
+        #: The BGP speaker, with ``bgp`` configured (started by :meth:`serve`).
+        self.announcer: Announcer | None = None
 
     def reload(self, why: str) -> bool:
         """Re-read the file; apply it if valid and it drops no change made through the
@@ -156,9 +161,16 @@ class Daemon:
         self._mtime = self.rt.config_file_mtime()
         with acting_for(why):
             try:
+                old = self.rt.running.bgp
                 self.rt.reload()
             except (ConfigError, ReloadRefused):
                 return False
+        new, rid = self.rt.running.bgp, self.rt.running.bgp_router_id
+        if self.announcer is not None and new is not None and rid is not None and new != old:
+            try:
+                self.announcer.reconfigure(new, rid)
+            except BirdError as e:
+                log.error("bgp: the new configuration did not reach BIRD: %s", e)
         return True
 
     def _follow_agents(self) -> None:
@@ -190,6 +202,10 @@ class Daemon:
             if self.rt.dirty:
                 self._wake.set()
 
+    def _request_stop(self) -> None:
+        self._stop.set()
+        self._wake.set()  # now, not at the next poll: a BGP node withdraws at once
+
     def _request_reload(self) -> None:
         self._reload = True
         self._wake.set()
@@ -199,7 +215,7 @@ class Daemon:
         loop = asyncio.get_running_loop()
         loop.add_signal_handler(signal.SIGHUP, self._request_reload)
         for sig in (signal.SIGTERM, signal.SIGINT):
-            loop.add_signal_handler(sig, self._stop.set)
+            loop.add_signal_handler(sig, self._request_stop)
         self.rt.wake = self._wake.set
         rt = self.rt
         token = api_token(rt.running.api)
@@ -207,6 +223,15 @@ class Daemon:
         sock_file = _socket_file(sock)
         try:
             rt.start()  # an upgrade copies the session table here (docs/operations.md)
+            # BIRD binds port 179 and opens BFD sockets: started while we hold every
+            # capability, as our child (it dies with us: docs/cluster.md).
+            if rt.running.bgp is not None:
+                self.announcer = Announcer(
+                    rt.running.bgp,
+                    rt.running.bgp_router_id,  # type: ignore[arg-type]
+                    paths.run_dir() / f"{rt.instance}.bird",
+                )
+                self.announcer.start()
         except BaseException:
             sock.close()
             _remove_socket_file(sock_file)
@@ -237,6 +262,8 @@ class Daemon:
             asyncio.create_task(server.serve(sockets=[sock]), name="api"),
             asyncio.create_task(rt.health.run(), name="health"),
         ]
+        if self.announcer is not None:
+            tasks.append(asyncio.create_task(self._announce(self.announcer), name="bgp"))
         self._banner(token is not None)
         last_plan = time.monotonic()
         try:
@@ -264,6 +291,8 @@ class Daemon:
                     continue
                 last_plan = now
         finally:
+            if self.announcer is not None:
+                await self._withdraw(self.announcer)
             server.should_exit = True
             for t in tasks[1:]:
                 t.cancel()
@@ -275,6 +304,34 @@ class Daemon:
                 paths.pid_file(rt.instance).unlink(missing_ok=True)
             rt.close()
             log.info("instance %s: daemon exits, programs stay attached", rt.instance)
+
+    async def _announce(self, announcer: Announcer) -> None:
+        """Self-check every ``bgp.self_check_interval``; announce the VIPs while it
+        passes (docs/cluster.md, "Announcing")."""
+        rt = self.rt
+        while True:
+            bgp = rt.running.bgp
+            assert bgp is not None
+            failure = self_check(rt)
+            vips = {v.address for v in rt.running.vips}
+            try:
+                announcer.update(failure, vips, time.monotonic())
+            except BirdError as e:
+                log.error("bgp: %s", e)
+            await asyncio.sleep(bgp.self_check_interval)
+
+    async def _withdraw(self, announcer: Announcer) -> None:
+        """Withdraw every VIP, give the routers ``bgp.drain`` seconds to move the flows
+        (the programs still serve them), then stop BIRD."""
+        drain = self.rt.running.bgp.drain if self.rt.running.bgp else 0.0
+        try:
+            announcer.withdraw("the daemon is stopping")
+            log.info("bgp: withdrew every VIP; %.1f s for the routers to move the flows", drain)
+            await asyncio.sleep(drain)
+        except BirdError as e:
+            log.error("bgp: withdrawing: %s", e)
+        finally:
+            announcer.close()
 
     def _banner(self, token: bool) -> None:
         """The startup line: what runs, from which file, where to reach it, on what."""

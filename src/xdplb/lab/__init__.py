@@ -4,6 +4,7 @@
 - topology: :class:`Lab`, the topology with its addresses
 - registry: the instances' prefixes and owners, and :func:`cleanup_stale` of dead ones
 - host: :func:`attach_host`, host_tc on a backend
+- router: ``rt``'s BIRD in a cluster lab (``Lab(lbs=3, router=True)``)
 - packets: GUE / IPIP packets as lb_xdp builds them
 - pytest_plugin: the ``lab`` fixture
 - browser: :class:`~xdplb.lab.browser.Browser`, headless Chromium in a namespace (status page tests)
@@ -13,7 +14,7 @@
 The top of the tree: what it needs of test-only libraries (scapy, selenium) it imports
 inside the functions that use them, so the runtime package never needs them.
 
-May import: core, tables, model, datapath, config, health, agent, control, daemon, cli.
+May import: core, tables, model, datapath, config, health, agent, control, cluster, daemon, cli.
 """
 
 from xdplb.lab.registry import cleanup_stale

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -47,7 +48,9 @@ class LbNode:
     ) -> None:
         self.lab = lab
         self.node = node
-        self.instance = f"{lab.prefix}-lb" if node == "lb" else f"{lab.prefix}-{node}lb"
+        # lb, lb2 ...: LB nodes; a backend's balancer (co-located): b1lb ...
+        role = node if node in lab.lbs else f"{node}lb"
+        self.instance = f"{lab.prefix}-{role}"
         self.config_path = workdir / f"{self.instance}.yaml"
         self.log_path = workdir / f"{self.instance}.log"
         self.proc: subprocess.Popen[bytes] | None = None
@@ -55,7 +58,7 @@ class LbNode:
         #: build of another layout); None: the build's. Reads of the pins follow it.
         self.lb_object: Path | None = None
         # The lab removes our pins at teardown, whatever happens.
-        lab.pin_root("lb" if node == "lb" else f"{node}lb")
+        lab.pin_root(role)
         lab.on_teardown(self.destroy)
         self.doc: dict[str, Any] = {}
         #: Detaches the xdp_pass that an ``xdp`` hook needs on our bridge port (None: none).
@@ -200,7 +203,7 @@ class LbNode:
         """Id of the balancer's program the kernel runs on eth0, as the kernel says (XDP
         from the link's attributes, else the first tcx ingress program); None: none."""
         out = subprocess.run(
-            ["ip", "-n", self.lab.ns("lb"), "-j", "link", "show", "dev", "eth0"],
+            ["ip", "-n", self.lab.ns(self.node), "-j", "link", "show", "dev", "eth0"],
             check=True,
             capture_output=True,
             text=True,
@@ -208,7 +211,7 @@ class LbNode:
         xdp = json.loads(out)[0].get("xdp")
         if xdp is not None:
             return int(xdp["prog"]["id"])
-        with self.lab.enter("lb"):
+        with self.lab.enter(self.node):
             progs = tcx_programs(socket.if_nametoindex("eth0"))
         return progs[0] if progs else None
 
@@ -280,6 +283,8 @@ class LbNode:
             self._peer_xdp = None
         for path in run_files(self.instance):
             path.unlink(missing_ok=True)
+        # A killed daemon leaves its BIRD directory (its BIRD died with it).
+        shutil.rmtree(paths.run_dir() / f"{self.instance}.bird", ignore_errors=True)
 
 
 def run_files(instance: str) -> list[Path]:

@@ -81,7 +81,10 @@ def cleanup_stale() -> list[str]:
     if paths.run_dir().is_dir():
         for run_file in paths.run_dir().glob("xl*-*"):  # the daemons' pid, socket, admin state
             if is_dead(run_file.name):
-                run_file.unlink(missing_ok=True)
+                if run_file.is_dir():  # a BIRD directory (<instance>.bird)
+                    shutil.rmtree(run_file, ignore_errors=True)
+                else:
+                    run_file.unlink(missing_ok=True)
                 removed.append(str(run_file))
     if _REGISTRY_DIR.is_dir():
         for rec in _REGISTRY_DIR.glob("xl*.json"):

@@ -29,12 +29,14 @@ import contextlib
 import dataclasses
 import ipaddress
 import json
+import re
 import select
 import shutil
 import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -47,6 +49,7 @@ from xdplb.core.errors import LabError
 from xdplb.lab import netns, registry
 
 if TYPE_CHECKING:
+    from xdplb.cluster.bird import Bird
     from xdplb.lab.host import HostAttachment
 
 LAB_NET4 = ipaddress.IPv4Network("198.18.0.0/15")
@@ -67,8 +70,10 @@ DEFAULT_VIPS: tuple[IPAddress, ...] = (
 CLIENT_MTU = 1400
 LINK_MTU = 1500
 
-#: Host number of each role on the segment (.1, ::1); backends count up from .11.
-_HOST_NUMBERS = {"client": 1, "lb": 2, "rt": 3}
+#: Host number of each role on the segment (.1, ::1); backends count up from .11. The
+#: LB nodes of a cluster lab: ``lb`` (.2), then ``lb2`` .. ``lb8`` (.4 .. .10).
+MAX_LBS = 8
+_HOST_NUMBERS = {"client": 1, "lb": 2, "rt": 3, **{f"lb{k}": k + 2 for k in range(2, MAX_LBS + 1)}}
 #: The smallest MTU an IPv6 link may have (RFC 8200 5): ``reply_mtu`` for IPv6 is at
 #: least this, a packet-too-big below it is ignored by the receiver.
 IPV6_MIN_MTU = 1280
@@ -117,6 +122,8 @@ class Lab:
         *,
         colocated: bool = False,
         reply_mtu: int | None = None,
+        lbs: int = 1,
+        router: bool = False,
     ) -> None:
         """``backends``: how many backend hosts (b1..bN, .11, .12, ...). ``vips``: the
         addresses put on every backend's loopback.
@@ -126,13 +133,24 @@ class Lab:
         ``reply_mtu``: add a router ``rt`` that the backends route the client through;
         its route to the client has this MTU, locked (IPv6: at least 1280), so a
         full-size reply makes it send "fragmentation needed" / "packet too big" to the
-        reply's source, a VIP, which it routes via the LB (as the Internet would)."""
+        reply's source, a VIP, which it routes via the LB (as the Internet would).
+        ``lbs``: LB nodes (``lb``, ``lb2`` ...; more than one needs ``router``).
+        ``router``: ``rt`` runs BIRD (:mod:`xdplb.lab.router`), peers with every LB node
+        and routes the VIPs over the ones that announce them (ECMP); the client routes
+        the VIPs through it."""
         if not 1 <= backends <= 50:
             raise LabError(f"backends must be 1..50, not {backends}")
         if reply_mtu is not None and not 576 <= reply_mtu < CLIENT_MTU:
             raise LabError(f"reply_mtu must be 576..{CLIENT_MTU - 1}, not {reply_mtu}")
         if reply_mtu is not None and colocated:
             raise LabError("reply_mtu needs the dedicated LB topology (not colocated)")
+        if not 1 <= lbs <= MAX_LBS:
+            raise LabError(f"lbs must be 1..{MAX_LBS}, not {lbs}")
+        if lbs > 1 and not router:
+            raise LabError("more than one LB node needs the router (router=True)")
+        if router and (reply_mtu is not None or colocated):
+            raise LabError("the router lab has neither reply_mtu nor colocated backends")
+        self.router = router
         self.reply_mtu = reply_mtu
         self.vips: list[IPAddress] = []
         for v in vips:
@@ -141,7 +159,8 @@ class Lab:
             self.vips.append(addr)
         self.colocated = colocated
         self.prefix = registry.new_prefix()
-        names = ["client", "lb"] + (["rt"] if reply_mtu else [])
+        names = ["client", "lb"] + [f"lb{k}" for k in range(2, lbs + 1)]
+        names += ["rt"] if reply_mtu or router else []
         names += [f"b{i}" for i in range(1, backends + 1)]
         self.nodes: dict[str, Node] = {}
         for name in names:
@@ -157,6 +176,10 @@ class Lab:
                 v6=ipaddress.IPv6Address(f"{SEGMENT6.network_address}{host}"),
             )
         self.backends: list[str] = [n for n in names if n.startswith("b")]
+        #: The LB nodes: ``lb``, ``lb2`` ...
+        self.lbs: list[str] = [n for n in names if re.fullmatch(r"lb\d*", n)]
+        #: The router's BIRD, when ``router`` (started by :meth:`build`).
+        self.router_bird: Bird | None = None
         #: host_tc attachments by backend name, filled by :func:`xdplb.lab.host.attach_host`.
         self.hosts: dict[str, HostAttachment] = {}
         self._created_ns: list[str] = []
@@ -300,11 +323,14 @@ class Lab:
         for node in self.nodes.values():
             self._plug(node)
         self._setup_client()
-        self._setup_forwarding("lb")
+        for name in self.lbs:
+            self._setup_forwarding(name)
         for name in self.backends:
             self._setup_backend(self.nodes[name])
         if self.reply_mtu is not None:
             self._setup_reply_router(self.reply_mtu)
+        if self.router:
+            self._setup_router()
 
     def _sysctl(self, name: str, settings: dict[str, str | int]) -> None:
         with self.enter(name):
@@ -348,8 +374,9 @@ class Lab:
                 {"net.ipv4.fib_multipath_hash_policy": 1, "net.ipv6.fib_multipath_hash_policy": 1},
             )
         else:
-            _ip("-n", client.ns, "route", "add", str(VIP_NET4), "via", str(lb.v4))
-            _ip("-n", client.ns, "route", "add", str(VIP_NET6), "via", str(lb.v6))
+            via = self.nodes["rt"] if self.router else lb
+            _ip("-n", client.ns, "route", "add", str(VIP_NET4), "via", str(via.v4))
+            _ip("-n", client.ns, "route", "add", str(VIP_NET6), "via", str(via.v6))
         # Offloads stay at veth's defaults (checksum offload, TSO on), as on a user's
         # machine: the balancer runs at TC on veth (hook auto), which keeps them.
         self._sysctl(
@@ -445,6 +472,20 @@ class Lab:
             for dst, via in ((f"{client.v4}/32", rt.v4), (f"{client.v6}/128", rt.v6)):
                 route = [dst, "via", str(via), "dev", IFNAME, "mtu", str(CLIENT_MTU)]
                 _ip("-n", ns, "route", "replace", *route)
+
+    def _setup_router(self) -> None:
+        """``rt`` forwards the VIPs over the LB nodes that announce them, hashing flows on
+        their ports, and runs BIRD (its files in a directory removed at teardown)."""
+        from xdplb.lab.router import start_router
+
+        self._setup_forwarding("rt")
+        self._sysctl(
+            "rt",
+            {"net.ipv4.fib_multipath_hash_policy": 1, "net.ipv6.fib_multipath_hash_policy": 1},
+        )
+        directory = Path(tempfile.mkdtemp(prefix=f"{self.prefix}-rt-"))
+        self.on_teardown(lambda: shutil.rmtree(directory, ignore_errors=True))
+        self.router_bird = start_router(self, directory)
 
     def _add_vip(self, node: Node, vip: IPAddress) -> None:
         plen = 32 if vip.version == 4 else 128

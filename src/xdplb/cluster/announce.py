@@ -1,0 +1,127 @@
+"""When this node announces its VIPs (docs/cluster.md, "Announcing").
+
+The node announces only while its self-check passes; a failure withdraws at once, and a
+recovery announces again only after the check has passed for ``hold_down`` seconds (a
+flapping node would otherwise move flows back and forth). ``withdraw`` at shutdown, then
+``close``: BIRD ends its sessions.
+"""
+
+from __future__ import annotations
+
+import logging
+import shutil
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from xdplb.cluster.bird import Bird, BirdError, Peer, Timers, node_config, static_routes
+from xdplb.config.schema import BgpConfig
+from xdplb.core.addresses import IPAddress
+
+log = logging.getLogger("xdplb.cluster")
+
+
+@dataclass
+class AnnounceState:
+    """What the node announces and why (the API's and the CLI's view)."""
+
+    announced: list[str] = field(default_factory=list)
+    #: Why nothing is announced; empty while announcing.
+    withdrawn_because: str = ""
+    #: BGP sessions by peer address: BIRD's state and info (``Established`` ...).
+    sessions: dict[str, str] = field(default_factory=dict)
+
+
+class Announcer:
+    """The node's BGP speaker (BIRD, our child) and what it announces."""
+
+    def __init__(self, cfg: BgpConfig, router_id: IPAddress, directory: Path) -> None:
+        self.cfg = cfg
+        self.router_id = router_id
+        self.bird = Bird(directory, binary=cfg.bird)
+        self._announced: frozenset[IPAddress] = frozenset()
+        self._failing: str | None = "not checked yet"
+        self._passing_since: float | None = None
+        self._ever_announced = False
+
+    def _text(self) -> str:
+        return node_config(
+            router_id=self.router_id,  # type: ignore[arg-type]
+            asn=self.cfg.asn,
+            peers=[Peer(p.address, p.asn, p.bfd) for p in self.cfg.peers],
+            timers=Timers(self.cfg.hold_time, self.cfg.bfd_interval_ms, self.cfg.bfd_multiplier),
+            vips_dir=self.bird.dir,
+            log_file=self.bird.log,
+        )
+
+    def _write_routes(self, vips: Iterable[IPAddress]) -> None:
+        vips = list(vips)
+        for family in (4, 6):
+            (self.bird.dir / f"vips{family}.conf").write_text(static_routes(vips, family))
+
+    def start(self) -> None:
+        """Start BIRD announcing nothing (the sessions come up meanwhile)."""
+        self.bird.dir.mkdir(parents=True, exist_ok=True)
+        self._write_routes(())
+        self.bird.start(self._text())
+
+    def reconfigure(self, cfg: BgpConfig, router_id: IPAddress) -> None:
+        """A reload's new bgp section: BIRD reconfigured (sessions kept where unchanged)."""
+        self.cfg, self.router_id = cfg, router_id
+        self.bird.configure(self._text())
+
+    def _set(self, vips: frozenset[IPAddress]) -> None:
+        if vips == self._announced:
+            return
+        self._write_routes(vips)
+        self.bird.configure()
+        added, gone = vips - self._announced, self._announced - vips
+        self._announced = vips
+        if added:
+            log.info("announcing %s", ", ".join(sorted(map(str, added))))
+        if gone:
+            log.info("withdrew %s", ", ".join(sorted(map(str, gone))))
+
+    def update(self, failure: str | None, vips: Iterable[IPAddress], now: float) -> None:
+        """The self-check's verdict (``failure``: None when it passed) and the VIPs the
+        node serves: withdraw at once on a failure, announce after ``hold_down`` of
+        passing (at once the first time)."""
+        if failure is not None:
+            if self._failing is None:
+                log.error("self-check failed: %s: withdrawing every VIP", failure)
+            self._failing, self._passing_since = failure, None
+            self._set(frozenset())
+            return
+        if self._passing_since is None:
+            self._passing_since = now
+        if self._ever_announced and now - self._passing_since < self.cfg.hold_down:
+            return
+        if self._failing is not None and self._ever_announced:
+            log.info("self-check passing for %.1f s: announcing again", now - self._passing_since)
+        self._failing = None
+        self._ever_announced = True
+        self._set(frozenset(vips))
+
+    def withdraw(self, why: str) -> None:
+        """Stop announcing (shutdown, drain); the self-check no longer matters."""
+        self._failing = why
+        self._set(frozenset())
+
+    def state(self) -> AnnounceState:
+        sessions: dict[str, str] = {}
+        try:
+            protocols = self.bird.protocols()
+        except BirdError:  # a status, not an action: say BIRD is gone
+            protocols = {}
+        for i, p in enumerate(self.cfg.peers, 1):
+            sessions[str(p.address)] = protocols.get(f"xdplb_peer{i}", "BIRD not answering")
+        return AnnounceState(
+            announced=sorted(map(str, self._announced)),
+            withdrawn_because=self._failing or "",
+            sessions=sessions,
+        )
+
+    def close(self) -> None:
+        """Stop BIRD (its sessions end with a Cease) and remove its directory."""
+        self.bird.stop()
+        shutil.rmtree(self.bird.dir, ignore_errors=True)

@@ -1,0 +1,147 @@
+"""A cluster of balancers behind a BIRD router (docs/cluster.md): every node announces
+the VIPs over eBGP with BFD, the router installs one multipath route over them and
+spreads the client's flows by their ports; a node that stops, or whose daemon is
+killed, leaves the route.
+
+Timings (how fast the route changes) are ``bench/cluster_bench.py``'s; here, the facts.
+"""
+
+from __future__ import annotations
+
+import signal
+import subprocess
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from xdplb.datapath.links import Link
+from xdplb.lab import Lab, cleanup_stale
+from xdplb.lab.host import attach_host
+from xdplb.lab.lbnode import LbNode
+from xdplb.lab.router import NODE_ASN, ROUTER_ASN, route_nexthops
+from xdplb.lab.traffic import http_post
+from xdplb.lab.wait import wait_for
+
+pytestmark = pytest.mark.e2e
+
+VIP4 = "198.18.100.1"
+VIP6 = "fd78:6470:6c62:100::1"
+#: Long enough for BGP to come up (connect retry 1 s on both sides).
+SESSION_WAIT = 15.0
+
+
+@pytest.fixture(scope="module")
+def cluster() -> Iterator[Lab]:
+    cleanup_stale()
+    with Lab(lbs=3, router=True) as lab:
+        for b in lab.backends:
+            attach_host(lab, b)
+        yield lab
+
+
+def bgp(lab: Lab) -> dict[str, Any]:
+    peers = [{"address": str(lab.addr("rt", fam)), "asn": ROUTER_ASN} for fam in (4, 6)]
+    return {"asn": NODE_ASN, "peers": peers, "hold_down": 0.5, "drain": 0.5}
+
+
+def vips(lab: Lab) -> list[dict[str, Any]]:
+    return [
+        {
+            "address": vip,
+            "port": 80,
+            "backends": [{"address": str(lab.addr(b, fam))} for b in lab.backends],
+        }
+        for vip, fam in ((VIP4, 4), (VIP6, 6))
+    ]
+
+
+@pytest.fixture
+def nodes(cluster: Lab, tmp_path: Path) -> Iterator[list[LbNode]]:
+    servers = cluster.start_servers()
+    made = [LbNode(cluster, tmp_path, vips(cluster), node=n, bgp=bgp(cluster)) for n in cluster.lbs]
+    try:
+        for n in made:
+            n.start()
+        yield made
+    finally:
+        for n in made:
+            n.destroy()
+        for p in servers:
+            p.kill()
+
+
+def hops(lab: Lab, vip: str) -> list[str]:
+    return route_nexthops(lab, vip)
+
+
+def addrs(lab: Lab, names: list[str], fam: int) -> list[str]:
+    return sorted(str(lab.addr(n, fam)) for n in names)
+
+
+def wait_hops(lab: Lab, names: list[str], what: str) -> float:
+    """Seconds until the router's routes to both VIPs go through exactly ``names``."""
+    t0 = time.monotonic()
+    for vip, fam in ((VIP4, 4), (VIP6, 6)):
+        wait_for(
+            lambda vip=vip: hops(lab, vip),  # type: ignore[misc]
+            f"{what} (IPv{fam})",
+            until=lambda got, fam=fam: got == addrs(lab, names, fam),  # type: ignore[misc]
+            timeout=SESSION_WAIT,
+            interval=0.01,
+        )
+    return time.monotonic() - t0
+
+
+def vip_packets(node: LbNode) -> int:
+    with node.maps() as maps:
+        return sum(st.packets for st in maps.counters().vips.values())
+
+
+def test_router_spreads_flows_over_every_node_and_drops_a_stopped_one(
+    cluster: Lab, nodes: list[LbNode]
+) -> None:
+    lab = cluster
+    wait_hops(lab, lab.lbs, "the router routing the VIPs over every LB node")
+    before = [vip_packets(n) for n in nodes]
+    # Connections from 60 source ports: ECMP hashes on them, so each node takes some.
+    got = [http_post(lab.ns("client"), VIP4, 80, b"x", src_port=42000 + i) for i in range(60)]
+    assert set(got) <= set(lab.backends)
+    moved = [vip_packets(n) - b for n, b in zip(nodes, before, strict=True)]
+    assert all(m > 0 for m in moved), moved
+
+    # (a) A graceful stop withdraws: the route loses the node, the others keep serving.
+    t0 = time.monotonic()
+    nodes[0].proc.send_signal(signal.SIGTERM)  # type: ignore[union-attr]
+    wait_hops(lab, lab.lbs[1:], "the route without the stopped node")
+    stopped = time.monotonic() - t0
+    nodes[0].stop_daemon()
+    for i in range(20):
+        http_post(lab.ns("client"), VIP6, 80, b"y", src_port=43000 + i)
+
+    # (b) A killed daemon takes its BIRD with it: its sessions close, the route follows.
+    t0 = time.monotonic()
+    nodes[1].proc.kill()  # type: ignore[union-attr]
+    nodes[1].proc.wait()  # type: ignore[union-attr]
+    wait_hops(lab, lab.lbs[2:], "the route without the killed node")
+    killed = time.monotonic() - t0
+    print(f"route without the node: {stopped:.3f} s after SIGTERM, {killed:.3f} s after SIGKILL")
+    assert (
+        "bird"
+        not in subprocess.run(
+            ["pgrep", "-a", "-f", f"{nodes[1].instance}"], capture_output=True, text=True
+        ).stdout
+    )
+
+    # The self-check: a link detached behind the daemon's back withdraws the node.
+    with Link.from_pinned(nodes[2].link_pin) as link:
+        link.detach()
+    wait_hops(lab, [], "no route once the last node's program was detached")
+    assert "self-check failed: eth0: the tc link was detached" in nodes[2].log_tail()
+
+    # Back: a restarted node announces again once its sessions are up.
+    nodes[0].start()
+    wait_hops(lab, [lab.lbs[0]], "the restarted node back in the route")
+    assert http_post(lab.ns("client"), VIP4, 80, b"z") in lab.backends
