@@ -283,7 +283,7 @@ struct xdplb_config {
 	__u32 conn_timeout[XDPLB_SESS__MAX];	/* idle timeout by session state, in ticks */
 	__u32 vip_index_mask;	/* lb_vip_index's slots - 1 (a power of 2) */
 	__u32 hz;		/* ticks per second (the kernel's HZ), for user space */
-	__u32 pad3;
+	__u32 probe_key;	/* the self-check's probe carries it (lb_is_probe); 0: none is */
 	/* xdplb_sess_keys(hash_seed): the session hash's multipliers (bpf/lib/hash.h) */
 	__u64 sess_key[XDPLB_SESS_KEYS];
 };

@@ -70,6 +70,25 @@ static __always_inline __u32 lb_rx_queue(struct lb_ctx *ctx)
 #endif
 }
 
+/*
+ * The node's self-check (docs/cluster.md) runs a probe packet through the
+ * attached program with BPF_PROG_TEST_RUN, carrying lb_config's probe_key: in
+ * the skb's mark (lb_tc), in 4 bytes of XDP metadata (lb_xdp).  Nothing from the
+ * wire carries either, and a zero key marks nothing.
+ */
+static __always_inline int lb_is_probe(struct lb_ctx *ctx, __u32 key)
+{
+#ifdef XDPLB_HOOK_TC
+	return key && ctx->mark == key;
+#else
+	__u32 *meta = (void *)(long)ctx->data_meta;
+
+	if ((void *)(meta + 1) > (void *)(long)ctx->data)
+		return 0;
+	return key && *meta == key;
+#endif
+}
+
 static __always_inline int lb_load_bytes(struct lb_ctx *ctx, __u32 off, void *to, __u32 len)
 {
 #ifdef XDPLB_HOOK_TC

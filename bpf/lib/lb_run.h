@@ -34,7 +34,7 @@ static __always_inline int lb_run(struct lb_ctx *ctx, struct lb_pkt *pkt)
 	struct lb_cursor cur;
 	struct lb_sess *ss;
 	__u32 zero = 0;
-	__u32 new_flow = 0;
+	__u32 new_flow = 0, probe;
 	__u32 shash = 0, set = 0, now;
 	int rc;
 
@@ -50,8 +50,11 @@ static __always_inline int lb_run(struct lb_ctx *ctx, struct lb_pkt *pkt)
 	/* Read once: the ACL's flags here, the rest from step 8 on (NULL: NO_CONFIG there). */
 	cfg = bpf_map_lookup_elem(&lb_config, &zero);
 
+	/* The self-check's probe: steps 6 and 9 only, nothing recorded or counted. */
+	probe = cfg && lb_is_probe(ctx, cfg->probe_key);
+
 	/* 2a: the global ACL, for any packet to a VIP address (lb_acl.h) */
-	rc = lb_acl_global(pkt, cfg);
+	rc = probe ? LB_CONTINUE : lb_acl_global(pkt, cfg);
 	if (rc != LB_CONTINUE)
 		return rc;
 
@@ -83,6 +86,12 @@ static __always_inline int lb_run(struct lb_ctx *ctx, struct lb_pkt *pkt)
 	vip = lb_vip_lookup(pkt, cfg);
 	if (!vip)
 		return lb_pass(XDPLB_EV_PASS_NOT_VIP);
+	if (probe) {
+		rc = lb_table_pick(pkt, vip, cfg, &tgt);
+		if (rc >= 0)
+			return rc;
+		goto encap;
+	}
 	rc = lb_acl_vip(pkt, vip);
 	if (rc != LB_CONTINUE)
 		return rc;
@@ -118,6 +127,7 @@ forward:
 	/* 10 */
 	lb_count_traffic(vip->vip_id, tgt.be_id, pkt->ip_len, new_flow);
 
+encap:
 	/*
 	 * 11, 12: outer family is the backend's; sizes are constant per variant
 	 * (family, GUE or not, hop count 1..XDPLB_MAX_HOPS).

@@ -17,6 +17,7 @@ from typing import Any
 
 import pytest
 
+from xdplb.core.mapops import DeleteVip
 from xdplb.datapath.links import Link
 from xdplb.lab import Lab, cleanup_stale
 from xdplb.lab.host import attach_host
@@ -145,3 +146,22 @@ def test_router_spreads_flows_over_every_node_and_drops_a_stopped_one(
     nodes[0].start()
     wait_hops(lab, [lab.lbs[0]], "the restarted node back in the route")
     assert http_post(lab.ns("client"), VIP4, 80, b"z") in lab.backends
+
+
+def test_probe_withdraws_a_node_whose_maps_lost_a_vip(cluster: Lab, nodes: list[LbNode]) -> None:
+    """The self-check's probe: a VIP deleted from a node's maps behind its daemon's back
+    (its program passes that VIP's packets to the kernel now) withdraws the node, though
+    the program is attached and the maps answer; a reload writes the VIP back, and the
+    node announces again after its hold-down of passing checks."""
+    lab = cluster
+    wait_hops(lab, lab.lbs, "the router routing the VIPs over every LB node")
+    node = nodes[1]
+    with node.maps() as maps:
+        vip = next(v for v in maps.snapshot().vips if str(v.addr) == VIP4)
+        maps.apply([DeleteVip(vip)])
+    wait_hops(lab, [n for n in lab.lbs if n != node.node], "the route without the broken node")
+    assert f"self-check failed: probe of {vip}: to {VIP4}" in node.log_tail()
+
+    node.reload(vips(lab), bgp=bgp(lab))  # the plan finds the VIP missing
+    wait_hops(lab, lab.lbs, "the repaired node back in the route")
+    assert "self-check passing for" in node.log_tail()

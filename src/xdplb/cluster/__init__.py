@@ -4,8 +4,13 @@ while the node's self-check passes.
 - :mod:`~xdplb.cluster.bird`: BIRD 2, the speaker: its configuration, process, ``birdc``;
 - :mod:`~xdplb.cluster.announce`: what the node announces, withdraws, and when;
 - :mod:`~xdplb.cluster.selfcheck`: can this node's data plane serve?
+- :mod:`~xdplb.cluster.probe`: a packet to each VIP through the attached program,
+  against what the model says the maps should do with it.
 
 Fleet state (etcd) and the gate on session sync come next.
 
-May import: core, config, datapath, control (the running instance the self-check reads).
+The self-check reads the running instance (control) and predicts the probe's verdict
+with the model.
+
+May import: core, config, datapath, control, model.
 """

@@ -87,7 +87,7 @@ class Announcer:
         node serves: withdraw at once on a failure, announce after ``hold_down`` of
         passing (at once the first time)."""
         if failure is not None:
-            if self._failing is None:
+            if failure != self._failing:  # once per reason, the first one included
                 log.error("self-check failed: %s: withdrawing every VIP", failure)
             self._failing, self._passing_since = failure, None
             self._set(frozenset())

@@ -4,7 +4,9 @@ failure withdraws every VIP.
 
 Checked, each interface the configuration names: the balancer's link is attached there
 and runs the loaded program (the link's own info: a link detached behind our back reads
-ifindex 0), and the interface is up with a carrier. Then the maps answer a lookup.
+ifindex 0), and the interface is up with a carrier. Then the maps answer a lookup, and
+a probe packet to every VIP, run through each attached program, does what the tables
+the control plane wrote say (:mod:`xdplb.cluster.probe`).
 """
 
 from __future__ import annotations
@@ -14,6 +16,8 @@ import socket
 import struct
 from typing import TYPE_CHECKING
 
+from xdplb.cluster.probe import probe_all
+from xdplb.core import abi
 from xdplb.core.errors import XdplbError
 from xdplb.datapath.hooks import Hook
 from xdplb.datapath.links import Link
@@ -65,7 +69,21 @@ def self_check(rt: Runtime) -> str | None:
         if (why := _attached(rt, iface.name, hook)) is not None:
             return why
     try:
-        rt.dp["lb_config"].lookup(_ZERO)
+        raw = rt.dp["lb_config"].lookup(_ZERO)
+        assert raw is not None  # an array's one entry
+        key = abi.Config.from_buffer_copy(raw).probe_key or rt.dp.probe_key()
     except (OSError, XdplbError) as e:
         return f"maps unreachable: {e}"
+    if rt.applied is None:
+        return "no configuration applied yet"
+    # One probe round per program: interfaces at the same hook run the same one.
+    probed: set[Hook] = set()
+    for iface in rt.running.interfaces:
+        hook = attached[iface.name]
+        if hook in probed:
+            continue
+        probed.add(hook)
+        why = probe_all(rt.dp.hook_program(hook), hook, rt.applied, key, iface.name)
+        if why is not None:
+            return why
     return None

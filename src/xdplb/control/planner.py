@@ -271,8 +271,13 @@ def plan(
     ops_put: list[Op] = []
     ops_del: list[Op] = []
 
-    # The session generation is the maps' own: only a flush moves it.
-    config = replace(desired_config(cfg, hz), conn_gen=current.config.conn_gen)
+    # The session generation is the maps' own: only a flush moves it; the probe key
+    # too: only the self-check sets it (Runtime.probe_key).
+    config = replace(
+        desired_config(cfg, hz),
+        conn_gen=current.config.conn_gen,
+        probe_key=current.config.probe_key,
+    )
     if config != current.config:
         ops_put.append(SetConfig(config))
 

@@ -357,7 +357,7 @@ class Config(_Struct):
         ("conn_timeout", ctypes.c_uint32 * len(SessState)),
         ("vip_index_mask", ctypes.c_uint32),
         ("hz", ctypes.c_uint32),
-        ("pad3", ctypes.c_uint32),
+        ("probe_key", ctypes.c_uint32),
         ("sess_key", ctypes.c_uint64 * SESS_KEYS),  # hashing.sess_keys(hash_seed)
     ]
 

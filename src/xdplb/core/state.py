@@ -259,6 +259,9 @@ class LbConfig:
     vip_index_mask: int = 8 * abi.MAX_VIPS - 1
     #: Ticks a second (the kernel's HZ), so user space can read ages and timeouts.
     hz: int = DEFAULT_HZ
+    #: What the self-check's probe packet carries (``xdplb.cluster.probe``); 0: no
+    #: packet is a probe. The maps' own, like ``conn_gen``: plans keep it.
+    probe_key: int = 0
 
     def abi_value(self) -> abi.Config:
         cfg = abi.Config()
@@ -280,6 +283,7 @@ class LbConfig:
         cfg.conn_timeout[:] = self.conn_timeouts
         cfg.vip_index_mask = self.vip_index_mask
         cfg.hz = self.hz
+        cfg.probe_key = self.probe_key
         return cfg
 
     @classmethod
@@ -302,6 +306,7 @@ class LbConfig:
             tuple(cfg.conn_timeout),
             cfg.vip_index_mask,
             cfg.hz,
+            cfg.probe_key,
         )
 
 

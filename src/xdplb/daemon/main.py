@@ -312,7 +312,11 @@ class Daemon:
         while True:
             bgp = rt.running.bgp
             assert bgp is not None
-            failure = self_check(rt)
+            try:
+                failure = self_check(rt)
+            except Exception as e:  # a bug of ours is a failed check, not a dead task
+                log.exception("bgp: the self-check raised")
+                failure = f"the self-check raised {e!r}"
             vips = {v.address for v in rt.running.vips}
             try:
                 announcer.update(failure, vips, time.monotonic())

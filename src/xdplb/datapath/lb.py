@@ -12,11 +12,12 @@ from __future__ import annotations
 import ctypes
 import errno
 import os
+import secrets
 import shutil
 import socket
 import struct
 import sys
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
@@ -516,13 +517,32 @@ class LbMaps(Closing):
         self.bump_generation()
         return n
 
+    def _edit_config(self, edit: Callable[[abi.Config], None]) -> abi.Config:
+        """``lb_config`` read, changed by ``edit``, written back; the new value."""
+        raw = self["lb_config"].lookup(_u32(0))
+        assert raw is not None  # an array's one entry
+        cfg = abi.Config.from_buffer_copy(raw)
+        edit(cfg)
+        self["lb_config"].update(_u32(0), cfg.pack())
+        return cfg
+
     def bump_generation(self) -> None:
         """``lb_config.conn_gen`` + 1, every other field as it is: the flush itself."""
-        raw = self["lb_config"].lookup(_u32(0))
-        assert raw is not None
-        cfg = abi.Config.from_buffer_copy(raw)
-        cfg.conn_gen = (cfg.conn_gen + 1) & 0xFFFF
-        self["lb_config"].update(_u32(0), cfg.pack())
+
+        def bump(cfg: abi.Config) -> None:
+            cfg.conn_gen = (cfg.conn_gen + 1) & 0xFFFF
+
+        self._edit_config(bump)
+
+    def probe_key(self) -> int:
+        """``lb_config.probe_key``, set to a random nonzero value first if it is 0 (the
+        self-check's probe carries it; plans keep it)."""
+
+        def ensure(cfg: abi.Config) -> None:
+            while not cfg.probe_key:
+                cfg.probe_key = secrets.randbits(32)
+
+        return int(self._edit_config(ensure).probe_key)
 
 
 def tc_object(xdp_object: Path) -> Path:

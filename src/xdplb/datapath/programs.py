@@ -49,6 +49,7 @@ class Program(Closing):
         ingress_ifindex: int = 0,
         data_size_out: int | None = None,
         ctx: bytes | None = None,
+        meta: bytes = b"",
     ) -> TestRunResult:
         """Run on ``data`` via BPF_PROG_TEST_RUN (see :func:`testrun.test_run`)."""
         return test_run(
@@ -59,6 +60,7 @@ class Program(Closing):
             ingress_ifindex=ingress_ifindex,
             data_size_out=data_size_out,
             ctx=ctx,
+            meta=meta,
             what=self.name,
         )
 

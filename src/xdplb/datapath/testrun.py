@@ -77,13 +77,18 @@ def test_run(
     ingress_ifindex: int = 0,
     data_size_out: int | None = None,
     ctx: bytes | None = None,
+    meta: bytes = b"",
     what: str = "prog",
 ) -> TestRunResult:
     """bpf_prog_test_run_opts on ``data``. With ``repeat`` > 1 the kernel reuses one
     buffer, so a rewriting program sees its own output from the second run on.
 
     ``ctx`` is the program's context as bytes (e.g. :func:`skb_ctx` for TC); for XDP,
-    ``ingress_ifindex`` builds one instead."""
+    ``ingress_ifindex`` and ``meta`` (the frame's metadata, in front of it: a multiple
+    of 4 bytes) build one instead. The result's data is the frame without metadata."""
+    if meta and (prog_type != BPF_PROG_TYPE_XDP or len(meta) % 4):
+        raise ValueError("metadata is for XDP, in multiples of 4 bytes")
+    data = meta + data
     size_out = len(data) + OUT_HEADROOM if data_size_out is None else data_size_out
     data_in = ffi.from_buffer(data)
     data_out = ffi.new("char[]", max(size_out, 1))
@@ -106,17 +111,20 @@ def test_run(
         opts.ctx_size_in = len(ctx)
         opts.ctx_out = c_ctx_out
         opts.ctx_size_out = ctx_out_len
-    elif prog_type == BPF_PROG_TYPE_XDP and ingress_ifindex:
-        # The kernel wants data=0, data_end=len and resolves the ifindex in our netns.
+    elif prog_type == BPF_PROG_TYPE_XDP and (ingress_ifindex or meta):
+        # The kernel wants data_meta=0, data=the metadata's length, data_end=len, and
+        # resolves the ifindex in our netns.
         c_ctx = ffi.new(
-            "struct xdp_md *", {"data_end": len(data), "ingress_ifindex": ingress_ifindex}
+            "struct xdp_md *",
+            {"data": len(meta), "data_end": len(data), "ingress_ifindex": ingress_ifindex},
         )
         opts.ctx_in = c_ctx
         opts.ctx_size_in = ffi.sizeof("struct xdp_md")
     check(lib.bpf_prog_test_run_opts(prog_fd, opts), f"bpf_prog_test_run_opts({what})")
     return TestRunResult(
         retval=opts.retval,
-        data=ffi.buffer(data_out, opts.data_size_out)[:],
+        # An XDP run's output starts at the metadata (which moves with the frame).
+        data=ffi.buffer(data_out, opts.data_size_out)[len(meta) :],
         duration_ns=opts.duration,
         ctx_out=ffi.buffer(c_ctx_out, opts.ctx_size_out)[:] if ctx is not None else None,
     )

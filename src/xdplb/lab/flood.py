@@ -100,9 +100,7 @@ class FloodResult:
         return self.sent / self.seconds if self.seconds > 0 else 0.0
 
 
-def flood_config(
-    frame: bytes, prefix: ipaddress.IPv4Network, sports: tuple[int, int]
-) -> bytes:
+def flood_config(frame: bytes, prefix: ipaddress.IPv4Network, sports: tuple[int, int]) -> bytes:
     """lab_flood's flood_cfg entry: the template ``frame``, the sources drawn from
     ``prefix`` and the source ports ``sports`` (first, last)."""
     check_prefix(prefix)
