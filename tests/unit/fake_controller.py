@@ -21,6 +21,7 @@ from xdplb.control.status import (
     AclHits,
     Admin,
     BackendStatus,
+    ClusterStatus,
     ConnTableStatus,
     Status,
     VipStatus,
@@ -81,6 +82,8 @@ class FakeController:
     explode: bool = False
     #: What a reload without force would drop: it is refused, naming them.
     refuse_reload: list[str] = field(default_factory=list)
+    #: The node's cluster view (None: no bgp section).
+    cluster_view: ClusterStatus | None = None
     lock: threading.Lock = field(default_factory=threading.Lock)
 
     def __post_init__(self) -> None:
@@ -153,7 +156,11 @@ class FakeController:
                 AclHits(scope=scope, allow=a, deny=d, default=n)
                 for scope, (a, d, n) in self.acl_hits.items()
             ],
+            cluster=self.cluster_view,
         )
+
+    def cluster(self) -> ClusterStatus | None:
+        return self.cluster_view
 
     def config(self) -> Config:
         return self.cfg

@@ -16,7 +16,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from xdplb.config import parse_config
 from xdplb.control.interface import DrainStatus
-from xdplb.control.status import BackendStatus, Status, VipStatus
+from xdplb.control.status import BackendStatus, BgpSession, ClusterStatus, Status, VipStatus
 from xdplb.daemon.api import create_app, openapi_spec
 from xdplb.daemon.metrics import Metrics
 
@@ -465,3 +465,52 @@ def test_protocol_in_upper_case(client: TestClient, fake: FakeController) -> Non
     assert client.get("/api/v1/vips/198.18.100.7/443/Tcp").json()["name"] == "198.18.100.7:443/tcp"
     r = client.put("/api/v1/vips/198.18.100.7/443/TCP", json={**body, "protocol": "Tcp"})
     assert r.status_code == 200, r.text
+
+
+CLUSTER = ClusterStatus(
+    asn=65001,
+    router_id="198.18.0.2",
+    announced=["198.18.100.1"],
+    withdrawn_because="",
+    sessions=[
+        BgpSession(peer="198.18.0.3", state="up Established"),
+        BgpSession(peer="fd78:6470:6c62::3", state="start Active Socket: Connection refused"),
+    ],
+    self_checks=40,
+    self_check_failures=3,
+)
+
+
+def test_cluster_without_bgp_is_404(client: TestClient) -> None:
+    assert error(client.get("/api/v1/cluster"), 404)[0].startswith("this node announces nothing")
+    assert client.get("/api/v1/status").json()["cluster"] is None
+
+
+def test_cluster_view_and_its_metrics(client: TestClient, fake: FakeController) -> None:
+    fake.cluster_view = CLUSTER
+    r = client.get("/api/v1/cluster")
+    assert r.status_code == 200
+    assert ClusterStatus.model_validate(r.json()) == CLUSTER
+    assert client.get("/api/v1/status").json()["cluster"]["announced"] == ["198.18.100.1"]
+    got = samples(client.get("/metrics").text)
+
+    def s(name: str, *labels: tuple[str, str]) -> float:
+        return got[(name, frozenset(labels))]
+
+    assert s("xdplb_bgp_announced", ("address", "198.18.100.1")) == 1
+    assert s("xdplb_bgp_session_established", ("peer", "198.18.0.3")) == 1
+    assert s("xdplb_bgp_session_established", ("peer", "fd78:6470:6c62::3")) == 0
+    assert s("xdplb_bgp_announcing") == 1
+    assert s("xdplb_self_checks_total") == 40
+    assert s("xdplb_self_check_failures_total") == 3
+
+    fake.cluster_view = CLUSTER.model_copy(
+        update={"announced": [], "withdrawn_because": "eth0 is down"}
+    )
+    got = samples(client.get("/metrics").text)
+    assert s("xdplb_bgp_announced", ("address", "198.18.100.1")) == 0
+    assert s("xdplb_bgp_announcing") == 0
+
+
+def test_no_cluster_metrics_without_bgp(client: TestClient) -> None:
+    assert "xdplb_bgp_" not in client.get("/metrics").text

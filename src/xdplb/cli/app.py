@@ -60,6 +60,7 @@ from xdplb.cli.render import (
     changed,
     drain_line,
     print_acl,
+    print_cluster,
     print_host_events,
     print_json,
     print_status,
@@ -650,6 +651,33 @@ def host_status(
         print_json({"instance": instance, "events": events})
         return
     print_host_events(instance, events)
+
+
+cluster_app = typer.Typer(
+    no_args_is_help=True,
+    rich_markup_mode=None,
+    help="This node in its cluster of balancers (docs/cluster.md).",
+)
+app.add_typer(cluster_app, name="cluster")
+
+
+@cluster_app.command("status")
+def cluster_status(
+    config: OptConfigOpt = None,
+    instance: InstanceOpt = None,
+    as_json: JsonOpt = False,
+    api: ApiOpt = None,
+    token: TokenOpt = None,
+) -> None:
+    """The VIPs this node announces over BGP (or why it announces none), its BGP sessions
+    and its self-checks, from its daemon (GET /api/v1/cluster). Exit 2 without a bgp
+    section."""
+    with _api(config, instance, api, token) as client:
+        cl = client.cluster()
+    if as_json:
+        sys.stdout.write(cl.model_dump_json(indent=2) + "\n")
+    else:
+        print_cluster(cl)
 
 
 # `xdplb capture` lives in its own module (cli/capture.py).

@@ -33,7 +33,7 @@ from xdplb.config import AclConfig, BackendConfig, Config, VipConfig
 from xdplb.config import Protocol as L4Protocol
 from xdplb.config.load import api_token
 from xdplb.control.interface import AclView, ChangeResult, DrainStatus, VipRef
-from xdplb.control.status import BackendStatus, Status, VipStatus
+from xdplb.control.status import BackendStatus, ClusterStatus, Status, VipStatus
 from xdplb.core.addresses import IPAddress
 from xdplb.core.closing import Closing
 from xdplb.core.paths import api_socket
@@ -269,6 +269,10 @@ class Client(Closing):
 
     def status(self) -> Status:
         return self._get(Status, "GET", "/api/v1/status")
+
+    def cluster(self) -> ClusterStatus:
+        """ApiError 404 when the daemon has no bgp section."""
+        return self._get(ClusterStatus, "GET", "/api/v1/cluster")
 
     def config(self) -> Config:
         return self._get(Config, "GET", "/api/v1/config")

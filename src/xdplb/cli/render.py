@@ -16,7 +16,7 @@ from rich.table import Table
 from xdplb.cli.console import console
 from xdplb.control.interface import AclView, ChangeResult, DrainStatus
 from xdplb.control.sessions import Connection
-from xdplb.control.status import BackendStatus, MapStatus, Status, VipStatus
+from xdplb.control.status import BackendStatus, ClusterStatus, MapStatus, Status, VipStatus
 
 
 def print_json(doc: object) -> None:
@@ -324,3 +324,19 @@ def print_host_events(instance: str, events: Mapping[str, int]) -> None:
     for name, n in events.items():
         t.add_row(name, str(n))
     console.print(t)
+
+
+def print_cluster(cl: ClusterStatus) -> None:
+    """``xdplb cluster status``: what the node announces (or why not), its BGP sessions
+    and its self-checks."""
+    node = f"node {cl.router_id} (AS {cl.asn})"
+    if cl.withdrawn_because:
+        console.print(f"{node}: withdrawn: {cl.withdrawn_because}", style="red")
+    else:
+        console.print(f"{node}: announcing {', '.join(cl.announced) or 'nothing'}")
+    console.print(f"self-checks: {cl.self_checks}, {cl.self_check_failures} failed")
+    table = Table("peer", "session", box=None, pad_edge=False)
+    for sess in cl.sessions:
+        style = "" if sess.established else "red"
+        table.add_row(sess.peer, sess.state, style=style)
+    console.print(table)

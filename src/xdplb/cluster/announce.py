@@ -11,25 +11,14 @@ from __future__ import annotations
 import logging
 import shutil
 from collections.abc import Iterable
-from dataclasses import dataclass, field
 from pathlib import Path
 
 from xdplb.cluster.bird import Bird, BirdError, Peer, Timers, node_config, static_routes
 from xdplb.config.schema import BgpConfig
+from xdplb.control.status import BgpSession, ClusterStatus
 from xdplb.core.addresses import IPAddress
 
 log = logging.getLogger("xdplb.cluster")
-
-
-@dataclass
-class AnnounceState:
-    """What the node announces and why (the API's and the CLI's view)."""
-
-    announced: list[str] = field(default_factory=list)
-    #: Why nothing is announced; empty while announcing.
-    withdrawn_because: str = ""
-    #: BGP sessions by peer address: BIRD's state and info (``Established`` ...).
-    sessions: dict[str, str] = field(default_factory=dict)
 
 
 class Announcer:
@@ -43,6 +32,8 @@ class Announcer:
         self._failing: str | None = "not checked yet"
         self._passing_since: float | None = None
         self._ever_announced = False
+        self.checks = 0
+        self.check_failures = 0
 
     def _text(self) -> str:
         return node_config(
@@ -86,7 +77,9 @@ class Announcer:
         """The self-check's verdict (``failure``: None when it passed) and the VIPs the
         node serves: withdraw at once on a failure, announce after ``hold_down`` of
         passing (at once the first time)."""
+        self.checks += 1
         if failure is not None:
+            self.check_failures += 1
             if failure != self._failing:  # once per reason, the first one included
                 log.error("self-check failed: %s: withdrawing every VIP", failure)
             self._failing, self._passing_since = failure, None
@@ -107,18 +100,27 @@ class Announcer:
         self._failing = why
         self._set(frozenset())
 
-    def state(self) -> AnnounceState:
-        sessions: dict[str, str] = {}
+    def state(self) -> ClusterStatus:
+        """What the node announces, why not, its sessions (BIRD asked now)."""
         try:
             protocols = self.bird.protocols()
         except BirdError:  # a status, not an action: say BIRD is gone
             protocols = {}
-        for i, p in enumerate(self.cfg.peers, 1):
-            sessions[str(p.address)] = protocols.get(f"xdplb_peer{i}", "BIRD not answering")
-        return AnnounceState(
+        sessions = [
+            BgpSession(
+                peer=str(p.address),
+                state=protocols.get(f"xdplb_peer{i}", "BIRD not answering"),
+            )
+            for i, p in enumerate(self.cfg.peers, 1)
+        ]
+        return ClusterStatus(
+            asn=self.cfg.asn,
+            router_id=str(self.router_id),
             announced=sorted(map(str, self._announced)),
             withdrawn_because=self._failing or "",
             sessions=sessions,
+            self_checks=self.checks,
+            self_check_failures=self.check_failures,
         )
 
     def close(self) -> None:

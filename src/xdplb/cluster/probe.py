@@ -17,6 +17,7 @@ import struct
 from collections.abc import Iterable
 from dataclasses import dataclass
 
+from xdplb.control.status import vip_name
 from xdplb.core.addresses import IPAddress
 from xdplb.core.errors import XdplbError
 from xdplb.core.state import Snapshot, Vip
@@ -91,13 +92,17 @@ def run_probe(prog: Program, hook: Hook, probe: Probe, key: int, ifindex: int) -
             res = prog.test_run(probe.frame, ingress_ifindex=ifindex, meta=meta)
             forwarded = res.retval in _XDP_ON
     except (OSError, XdplbError) as e:
-        return f"probe of {probe.vip} did not run: {e}"
+        return f"probe of {_name(probe.vip)} did not run: {e}"
     got = outer_destination(res.data) if forwarded else None
     if got == probe.expect:
         return None
     want = f"to {probe.expect}" if probe.expect is not None else "dropped"
     did = f"to {got}" if got is not None else f"verdict {res.retval}"
-    return f"probe of {probe.vip}: {did}, the tables say {want}"
+    return f"probe of {_name(probe.vip)}: {did}, the tables say {want}"
+
+
+def _name(vip: Vip) -> str:
+    return vip_name(vip.addr, vip.port, {6: "tcp", 17: "udp"}.get(vip.proto, str(vip.proto)))
 
 
 def probe_all(prog: Program, hook: Hook, snap: Snapshot, key: int, ifname: str) -> str | None:

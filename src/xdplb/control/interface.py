@@ -17,7 +17,7 @@ from pydantic import BaseModel, ConfigDict
 from xdplb.config import Config
 from xdplb.config import Protocol as L4Protocol
 from xdplb.control.sessions import ConnectionPage, ConnectionQuery, SessionCount
-from xdplb.control.status import AclHits, Admin, Status, vip_name
+from xdplb.control.status import AclHits, Admin, ClusterStatus, Status, vip_name
 from xdplb.core.addresses import IPAddress
 from xdplb.core.errors import XdplbError
 
@@ -87,6 +87,11 @@ class Controller(Protocol):
     """The daemon as the API sees it."""
 
     def status(self) -> Status: ...
+
+    def cluster(self) -> ClusterStatus | None:
+        """The node's announcements, BGP sessions and self-checks; None without a
+        ``bgp`` section."""
+        ...
 
     def config(self) -> Config:
         """The running configuration, API changes included."""

@@ -45,6 +45,7 @@ from xdplb.control.sessions import ConnectionPage, ConnectionQuery, SessionCount
 from xdplb.control.status import (
     Admin,
     BackendView,
+    ClusterStatus,
     Counts,
     DaemonView,
     Health,
@@ -121,6 +122,8 @@ class Runtime:
         self.targets = HealthTargets(self.instance)
         #: Set by the daemon: called when something changed that needs a new plan.
         self.wake: Callable[[], None] = lambda: None
+        #: Set by the daemon with a bgp section: the node's cluster view (the status).
+        self.cluster_view: Callable[[], ClusterStatus | None] = lambda: None
         #: Interface -> why it runs at its hook (xdplb status).
         self.hook_why: dict[str, str] = {}
         self.dirty = False
@@ -520,6 +523,9 @@ class Runtime:
         )
         return build(maps, self._daemon_view())
 
+    def cluster(self) -> ClusterStatus | None:
+        return self.cluster_view()
+
     def traffic(self) -> Traffic:
         """The VIPs' and backends' counters alone, for the rate history: a few lookups
         where :meth:`status` reads every map (tens of ms at default sizes)."""
@@ -593,4 +599,5 @@ class Runtime:
             last_reload_error=self.last_reload_error,
             upgrade=self.upgrade_report,
             hook_why=dict(self.hook_why),
+            cluster=self.cluster_view(),
         )

@@ -145,6 +145,34 @@ class Attachment(_Out):
     """``configured``, or what ``auto`` saw; None from the pins."""
 
 
+class BgpSession(_Out):
+    peer: str
+    state: str
+    """BIRD's state and info of the session (``up Established``, ``start Active`` ...);
+    ``BIRD not answering`` when its control socket does not."""
+
+    @property
+    def established(self) -> bool:
+        return self.state.endswith("Established")
+
+
+class ClusterStatus(_Out):
+    """The node's part in the cluster (docs/cluster.md): what it announces and why."""
+
+    asn: int
+    router_id: str
+    announced: list[str]
+    """The VIP addresses announced now."""
+    withdrawn_because: str
+    """Why nothing is announced (the self-check's failure, the daemon stopping); empty
+    while announcing."""
+    sessions: list[BgpSession]
+    self_checks: int
+    """Self-checks run since the daemon started."""
+    self_check_failures: int
+    """Of those, the ones that failed."""
+
+
 class Status(_Out):
     source: Source
     instance: str
@@ -181,6 +209,8 @@ class Status(_Out):
     upgrade: list[str] = []
     """What the daemon's start copied from the pins of another layout, a line per pass
     (docs/operations.md, "Upgrades"); empty if it found none."""
+    cluster: ClusterStatus | None = None
+    """With a ``bgp`` section: the node's announcements, BGP sessions and self-checks."""
 
 
 # -- the builder's inputs ----------------------------------------------------------------
@@ -271,6 +301,7 @@ class DaemonView:
     upgrade: Sequence[str] = ()
     #: Interface -> why its hook (configured, or what ``auto`` saw).
     hook_why: Mapping[str, str] = field(default_factory=dict)
+    cluster: ClusterStatus | None = None
 
 
 # -- the builder -------------------------------------------------------------------------
@@ -386,6 +417,7 @@ def build(maps: MapsView, daemon: DaemonView | None = None) -> Status:
         acl=acl,
         last_reload_error=daemon.last_reload_error if daemon is not None else None,
         upgrade=list(daemon.upgrade) if daemon is not None else [],
+        cluster=daemon.cluster if daemon is not None else None,
     )
 
 

@@ -76,7 +76,7 @@ from xdplb.control.interface import (
     VipRef,
 )
 from xdplb.control.sessions import MAX_PAGE, ConnectionPage, SessionCount, parse_query
-from xdplb.control.status import AclHits, BackendStatus, Status, VipStatus
+from xdplb.control.status import AclHits, BackendStatus, ClusterStatus, Status, VipStatus
 from xdplb.core.addresses import IPAddress
 from xdplb.core.errors import ConfigError
 from xdplb.daemon.history import History, HistoryView
@@ -476,6 +476,17 @@ def create_app(
     async def get_status() -> Status:
         return _guard(ctl.status)
 
+    @api.get(
+        "/cluster",
+        summary="The node in its cluster: VIPs announced, BGP sessions, self-checks",
+        responses={404: {"model": ErrorBody, "description": "No bgp section"}},
+    )
+    async def get_cluster() -> ClusterStatus:
+        view = _guard(ctl.cluster)
+        if view is None:
+            raise ApiError(404, "this node announces nothing: its configuration has no bgp section")
+        return view
+
     @api.get("/history", summary="Per-second rates of every VIP and backend, last minute")
     async def get_history(
         since: Annotated[
@@ -687,7 +698,7 @@ class _NoController:
     def _absent(self, *args: Any, **kwargs: Any) -> NoReturn:
         raise RuntimeError("no controller: this app only serves its specification")
 
-    status = config = replace_config = reload = drain = enable = drain_status = _absent
+    status = cluster = config = replace_config = reload = drain = enable = drain_status = _absent
     connections = session_counts = _absent
 
 

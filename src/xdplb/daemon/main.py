@@ -232,6 +232,7 @@ class Daemon:
                     paths.run_dir() / f"{rt.instance}.bird",
                 )
                 self.announcer.start()
+                rt.cluster_view = self.announcer.state
         except BaseException:
             sock.close()
             _remove_socket_file(sock_file)

@@ -203,6 +203,41 @@ def families(st: Status) -> Iterator[Metric]:
     yield from (v_packets, v_bytes, v_new, v_down, v_size)
     yield from (b_packets, b_bytes, b_new, b_hop2)
     yield from (up, health, admin, weight, eff, share, est)
+    if st.cluster is not None:
+        yield from cluster_families(st)
+
+
+def cluster_families(st: Status) -> Iterator[Metric]:
+    """With a bgp section: what the node announces, its sessions, its self-checks."""
+    cl = st.cluster
+    assert cl is not None
+    announced = GaugeMetricFamily(
+        "xdplb_bgp_announced",
+        "1 if the node announces the VIP address over BGP now",
+        labels=["address"],
+    )
+    for addr in sorted({v.address for v in st.vips}):
+        announced.add_metric([addr], int(addr in cl.announced))
+    sessions = GaugeMetricFamily(
+        "xdplb_bgp_session_established",
+        "1 if the BGP session with the peer is established",
+        labels=["peer"],
+    )
+    for s in cl.sessions:
+        sessions.add_metric([s.peer], int(s.established))
+    yield announced
+    yield sessions
+    yield GaugeMetricFamily(
+        "xdplb_bgp_announcing",
+        "1 while the node announces its VIPs (its self-check passes, it is not stopping)",
+        int(not cl.withdrawn_because),
+    )
+    yield CounterMetricFamily(
+        "xdplb_self_checks", "Self-checks run since the daemon started", cl.self_checks
+    )
+    yield CounterMetricFamily(
+        "xdplb_self_check_failures", "Self-checks that failed", cl.self_check_failures
+    )
 
 
 class Metrics:
