@@ -334,6 +334,85 @@ def test_daisy_chain_sequence_breaks_no_connection() -> None:
     assert alive.all(), f"{int((~alive).sum())} of 200 connections broken"
 
 
+def rotating_hot_spot(heavy: int = 5, changes: int = 10) -> list[dict[int, int]]:
+    """Five backends; at each change another one gets ``heavy`` times the weight of the
+    others: buckets go round the backends, a bucket moves more often than its hop list
+    has room for (the sequence tried as a user would, issue 13)."""
+    start = {i: 1 for i in range(1, 6)}
+    return [start] + [
+        {i: heavy if i == 1 + c % 5 else 1 for i in range(1, 6)} for c in range(changes)
+    ]
+
+
+def run_connections(
+    history: list[dict[int, int]], *, protect: bool, n: int = 200
+) -> tuple[int, list[int]]:
+    """200 connections on random buckets, opened at the first table; each survives iff its
+    owner stays on its bucket's hop list through every step. With ``protect``, each step
+    keeps every backend that still holds a live connection (what the agents' counts
+    say). Connections broken, and buckets off target after each change."""
+    policy = beamer.Policy(min_interval=0, max_step=1.0)
+    table = beamer.build(history[0])
+    buckets = np.random.default_rng(7).integers(0, table.size, n)
+    owner = table.first[buckets]
+    alive = np.ones(n, dtype=bool)
+    off = []
+    for weights in history[1:]:
+        while True:
+            keep = set(owner[alive].tolist()) if protect else set()
+            new = beamer.adjust(table, weights, policy, keep)
+            if new is table:
+                break
+            check_step(table, new)
+            alive &= (np.column_stack([new.first, new.hops])[buckets] == owner[:, None]).any(1)
+            table = new
+        want = beamer.targets(weights, table.size)
+        off.append(sum(max(0, c - want.get(b, 0)) for b, c in table.counts().items()))
+    return int((~alive).sum()), off
+
+
+def test_a_hot_spot_going_round_breaks_connections_past_the_hop_list() -> None:
+    """Without protection, buckets that moved more than MAX_HOPS - 1 times forget the
+    owner of their oldest connections."""
+    broken, off = run_connections(rotating_hot_spot(), protect=False)
+    assert broken > 20 and off == [0] * 10
+
+
+def test_kept_hops_are_never_pushed_out() -> None:
+    """The same history keeping every backend that holds a connection: none breaks. The
+    price: buckets whose hop list is full of kept backends wait, so the table lags its
+    targets while those connections live."""
+    broken, off = run_connections(rotating_hot_spot(), protect=True)
+    assert broken == 0
+    assert off[:4] == [0] * 4 and max(off) > 0
+
+
+def test_a_full_bucket_drops_its_oldest_hop_not_kept() -> None:
+    policy = beamer.Policy(max_step=1)
+    table = beamer.build({1: 1}, 1)
+    for owner in (2, 3, 4):
+        table = beamer.adjust(table, {owner: 1}, policy)
+    assert table.hops.tolist() == [[3, 2, 1]]
+    # 1 (the oldest) is kept, 2 is not: 2 goes instead.
+    assert beamer.adjust(table, {5: 1}, policy, keep={1, 3}).hops.tolist() == [[4, 3, 1]]
+    # Every hop kept, but the first hop leaves (target 0): it must take no new flow, so
+    # the bucket moves all the same and its oldest hop goes.
+    left = beamer.adjust(table, {5: 1}, policy, keep={1, 2, 3, 4})
+    assert (left.first.tolist(), left.hops.tolist()) == ([5], [[4, 3, 2]])
+
+
+def test_a_stuck_bucket_gives_way_to_another_of_its_donor() -> None:
+    """Of a donor's buckets, one whose full hop list is kept stays; another moves."""
+    first = np.array([1, 1, 2], dtype=np.uint32)
+    hops = np.array([[3, 4, 5], [0, 0, 0], [0, 0, 0]], dtype=np.uint32)
+    table = beamer.BeamerTable(first, hops, np.zeros(3, dtype=np.uint64))
+    new = beamer.adjust(table, {1: 1, 2: 2}, beamer.Policy(max_step=1), keep={3, 4, 5})
+    assert new.first.tolist() == [1, 2, 2]
+    assert new.hops.tolist() == [[3, 4, 5], [1, 0, 0], [0, 0, 0]]
+    # Nothing to give way to: the step waits.
+    assert beamer.adjust(new, {1: 1, 2: 5}, beamer.Policy(max_step=1), keep={3, 4, 5}) is new
+
+
 #: The weight changes of (2, 3, 4) after "4 joins, 1 leaves" in the e2e test.
 DAISY_WEIGHTS = [(2, 1, 1), (1, 2, 1), (1, 1, 2), (3, 1, 1), (1, 1, 1)]
 

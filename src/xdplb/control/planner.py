@@ -25,7 +25,7 @@ move in the next plan, all of them.
 from __future__ import annotations
 
 import itertools
-from collections.abc import Iterable, Mapping
+from collections.abc import Collection, Iterable, Mapping
 from dataclasses import dataclass, field, replace
 
 from xdplb.config import AclConfig, Config, HashFields, TableKindName, VipConfig
@@ -197,8 +197,10 @@ def _beamer_table(
     current: LookupTable | None,
     memory: BeamerMemory | None,
     now: float,
+    keep: Collection[int] = (),
 ) -> beamer.BeamerTable | None:
-    """The VIP's next Beamer table, or None to keep ``current`` as it is."""
+    """The VIP's next Beamer table, or None to keep ``current`` as it is. ``keep``: backend
+    ids that may hold connections of the VIP (never pushed off a hop list)."""
     if current is None or len(current) != size:
         return beamer.build(weights, size)
     if memory is not None and memory.table.to_lookup_table() == current:
@@ -211,7 +213,7 @@ def _beamer_table(
         # connection from now on: its buckets move at once, whatever the pace of
         # weight changes. It stays their previous hop for the connections it has.
         policy = beamer.Policy(min_interval=0.0, max_step=1.0)
-    return beamer.Scheduler(policy).step(table, weights, now, last)
+    return beamer.Scheduler(policy).step(table, weights, now, last, keep)
 
 
 #: Member states whose UDP sessions are live (lb_select.h's lb_conn_lookup).
@@ -255,6 +257,7 @@ def plan(
     memory: Mapping[int, BeamerMemory] | None = None,
     members: MemberOverrides | None = None,
     hz: int = DEFAULT_HZ,
+    holding: Mapping[str, Collection[IPAddress]] | None = None,
 ) -> list[Op]:
     """The operations that turn ``current`` into the state ``cfg`` describes.
 
@@ -264,8 +267,12 @@ def plan(
     bucket counts as equally old and the interval as elapsed. ``members``: backends
     whose state in a VIP is not what their weight says (DOWN, from health checks).
     ``hz``: the kernel's HZ (``xdplb.datapath.clock.hz``), the session clock's rate.
+    ``holding``: VIP name -> the backend addresses that may still hold connections of
+    that VIP; a Beamer step never pushes one of them off a bucket's hop list
+    (:func:`beamer.adjust`'s ``keep``).
     """
     memory = memory or {}
+    holding = holding or {}
     members = members or {}
     check_capacity(cfg, current)
     ops_put: list[Op] = []
@@ -347,7 +354,9 @@ def plan(
             by_id = {ids[a]: w for a, w in weights.items()}
             bt = None
             if any(by_id.values()):
-                bt = _beamer_table(vip, by_id, size, cur, memory.get(vip_id), now)
+                held = holding.get(vip.name, ())
+                keep = [i for i, b in current.backends.items() if b.addr in held]
+                bt = _beamer_table(vip, by_id, size, cur, memory.get(vip_id), now, keep)
                 table = bt.to_lookup_table() if bt is not None else cur
             else:
                 table = None

@@ -30,6 +30,7 @@ import yaml
 from xdplb.config import (
     Config,
     Protocol,
+    TableKindName,
     VipConfig,
     XdpModeName,
     check_limits_unchanged,
@@ -243,7 +244,13 @@ class Runtime:
         wanted = eff.config
         now = time.monotonic()
         ops = planner.plan(
-            wanted, snap, now=now, memory=self.memory, members=eff.members, hz=self.hz
+            wanted,
+            snap,
+            now=now,
+            memory=self.memory,
+            members=eff.members,
+            hz=self.hz,
+            holding=self._holding(wanted, snap),
         )
         t0 = time.perf_counter()
         self.dp.apply(ops)
@@ -522,6 +529,24 @@ class Runtime:
             conn_capacity=self.dp.conn_capacity,
         )
         return build(maps, self._daemon_view())
+
+    def _holding(self, cfg: Config, snap: Snapshot) -> dict[str, set[IPAddress]]:
+        """Per Beamer VIP, the backend addresses (every slot, a departed backend's too)
+        that may hold its connections: their agent counts some, or no agent reports on
+        them (docs/design.md, "Beamer": a hop that may hold connections of a bucket is
+        never pushed off its list)."""
+        addrs = {b.addr for b in snap.backends.values()}
+        out: dict[str, set[IPAddress]] = {}
+        for vip in cfg.vips:
+            if vip.table is not TableKindName.BEAMER:
+                continue
+            count = (
+                self.counts.established if vip.protocol is Protocol.TCP else self.counts.udp_flows
+            )
+            out[vip.name] = {
+                a for a in addrs if (c := count(a, vip.address, vip.port)) is None or c.value > 0
+            }
+        return out
 
     def cluster(self) -> ClusterStatus | None:
         return self.cluster_view()

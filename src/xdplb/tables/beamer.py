@@ -31,7 +31,7 @@ from __future__ import annotations
 
 import math
 import operator
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass
 
 import numpy as np
@@ -146,20 +146,33 @@ def from_lookup_table(table: LookupTable) -> BeamerTable:
     return BeamerTable(first, hops, np.zeros(len(first), dtype=np.uint64), 0)
 
 
-def _previous_hops(first: U32Array, candidates: U32Array) -> U32Array:
+def _previous_hops(first: U32Array, candidates: U32Array, keep: U32Array | None = None) -> U32Array:
     """Per bucket, ``candidates`` (most recent first) without 0s, without ``first`` and
-    without repeats, packed to the front and cut to ``MAX_HOPS - 1`` columns."""
+    without repeats, packed to the front and cut to ``MAX_HOPS - 1`` columns. A bucket
+    with one candidate too many drops its oldest not in ``keep`` (backends that may hold
+    connections), or its oldest if all are."""
     n = candidates.shape[1]
-    keep = (candidates != 0) & (candidates != first[:, None])
+    keep_c = (candidates != 0) & (candidates != first[:, None])
     for j in range(1, n):
-        seen = (candidates[:, j : j + 1] == candidates[:, :j]) & keep[:, :j]
-        keep[:, j] &= ~seen.any(axis=1)
+        seen = (candidates[:, j : j + 1] == candidates[:, :j]) & keep_c[:, :j]
+        keep_c[:, j] &= ~seen.any(axis=1)
     # Stable sort of "dropped" flags moves the kept ones to the front in order.
-    order = np.argsort(~keep, axis=1, kind="stable")
-    packed = np.take_along_axis(np.where(keep, candidates, np.uint32(0)), order, axis=1)
-    out = np.zeros((len(first), MAX_HOPS - 1), dtype=np.uint32)
-    width = min(n, MAX_HOPS - 1)
-    out[:, :width] = packed[:, :width]
+    order = np.argsort(~keep_c, axis=1, kind="stable")
+    packed = np.take_along_axis(np.where(keep_c, candidates, np.uint32(0)), order, axis=1)
+    width = MAX_HOPS - 1
+    if n > width and keep is not None:
+        rows = np.flatnonzero(packed[:, width] != 0)
+        if len(rows):
+            sub = packed[rows]
+            droppable = (sub != 0) & ~np.isin(sub, keep)
+            oldest = n - 1 - np.argmax(droppable[:, ::-1], axis=1)
+            drop = np.where(droppable.any(axis=1), oldest, n - 1)
+            stay = np.ones(sub.shape, dtype=bool)
+            stay[np.arange(len(rows)), drop] = False
+            packed[rows, : n - 1] = sub[stay].reshape(len(rows), n - 1)
+            packed[rows, n - 1 :] = 0
+    out = np.zeros((len(first), width), dtype=np.uint32)
+    out[:, : min(n, width)] = packed[:, : min(n, width)]
     return out
 
 
@@ -255,17 +268,27 @@ def moved(old: BeamerTable, new: BeamerTable) -> int:
 
 
 def adjust(
-    table: BeamerTable, weights: Mapping[int, int], policy: Policy = Policy()
+    table: BeamerTable,
+    weights: Mapping[int, int],
+    policy: Policy = Policy(),
+    keep: Collection[int] = (),
 ) -> BeamerTable:
     """One step toward :func:`targets`: moves at most ``policy.max_moves(B)`` buckets.
 
-    Returns ``table`` itself when every backend is at its target.  A backend in the
-    table but absent from ``weights`` (or of weight 0) has target 0.  A moved bucket
-    gets the receiver as first hop and, as previous hops, its old first hop followed
-    by its old previous hops without the receiver, cut to ``MAX_HOPS - 1`` -- even
-    when a backend left ``weights``: it still serves its established connections, and
-    whether it is alive is the control plane's business (the data path skips an
-    unusable hop).  Raises ValueError as :func:`targets` does.
+    Returns ``table`` itself when every backend is at its target, or when no bucket can
+    move yet (below).  A backend in the table but absent from ``weights`` (or of weight
+    0) has target 0.  A moved bucket gets the receiver as first hop and, as previous
+    hops, its old first hop followed by its old previous hops without the receiver, cut
+    to ``MAX_HOPS - 1`` -- even when a backend left ``weights``: it still serves its
+    established connections, and whether it is alive is the control plane's business
+    (the data path skips an unusable hop).
+
+    ``keep``: backends that may still hold connections (the agents' counts say which).
+    A move never pushes one of them off a bucket's hop list: a bucket with a full list
+    drops its oldest previous hop not in ``keep``, and one whose previous hops are all
+    in ``keep`` does not move -- another of its donor's buckets does, or the move waits
+    for a later step -- unless its donor has target 0 (a backend that left must take no
+    new flow). Raises ValueError as :func:`targets` does.
     """
     size = table.size
     want = targets(weights, size)
@@ -316,11 +339,14 @@ def adjust(
     # 2-3. The rest of the budget: donors give and receivers take in ascending id
     #      order, so a partly served backend is the first one served at the next step.
     rest = budget - len(swapped)
+    keep_ids = np.fromiter(keep, dtype=np.uint32)
     if rest:
         give = _fill(surplus, rest)
         get = _fill(deficit, rest)
         key = _peel_key(first, get[fix] > 0)
-        eligible = np.flatnonzero(give[fix] > 0)
+        # A full hop list of kept backends only: moving would push one of them out.
+        stuck = (table.hops[:, -1] != 0) & np.isin(table.hops, keep_ids).all(axis=1)
+        eligible = np.flatnonzero((give[fix] > 0) & (~stuck | (goal[fix] == 0)))
         owner = fix[eligible]
         order = eligible[
             np.lexsort((eligible, *(k[eligible] for k in key), table.changed[eligible], owner))
@@ -333,10 +359,12 @@ def adjust(
 
     old = table.first
     moves = np.flatnonzero(first != old)
+    if not len(moves):
+        return table  # every bucket that could move is stuck: wait
     generation = table.generation + 1
     hops = table.hops.copy()
     hops[moves] = _previous_hops(
-        first[moves], np.concatenate((old[moves, None], table.hops[moves]), axis=1)
+        first[moves], np.concatenate((old[moves, None], table.hops[moves]), axis=1), keep_ids
     )
     changed = table.changed.copy()
     changed[moves] = generation
@@ -441,9 +469,11 @@ class Scheduler:
         weights: Mapping[int, int],
         now: float,
         last_change: float | None,
+        keep: Collection[int] = (),
     ) -> BeamerTable | None:
-        """The next table, or None: too early, or every backend at its target."""
+        """The next table, or None: too early, every backend at its target, or no bucket
+        can move yet (``keep``: see :func:`adjust`)."""
         if not self.due(now, last_change):
             return None
-        new = adjust(table, weights, self.policy)
+        new = adjust(table, weights, self.policy, keep)
         return None if new is table else new
