@@ -3,7 +3,7 @@
 # Idempotent: safe to run before every build (make deps).
 set -eu
 
-APT_PACKAGES="clang llvm libbpf-dev bpftool iproute2 gcc make python3 python3-venv python3-dev bird2
+APT_PACKAGES="clang llvm libbpf-dev bpftool iproute2 gcc make python3 python3-venv python3-dev bird2 etcd-server etcd-client
     pkg-config libelf-dev zlib1g-dev ethtool iputils-ping
     chromium chromium-driver fonts-dejavu-core"
 

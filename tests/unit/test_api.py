@@ -16,7 +16,14 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from xdplb.config import parse_config
 from xdplb.control.interface import DrainStatus
-from xdplb.control.status import BackendStatus, BgpSession, ClusterStatus, Status, VipStatus
+from xdplb.control.status import (
+    BackendStatus,
+    BgpSession,
+    BgpStatus,
+    ClusterStatus,
+    Status,
+    VipStatus,
+)
 from xdplb.daemon.api import create_app, openapi_spec
 from xdplb.daemon.metrics import Metrics
 
@@ -467,7 +474,7 @@ def test_protocol_in_upper_case(client: TestClient, fake: FakeController) -> Non
     assert r.status_code == 200, r.text
 
 
-CLUSTER = ClusterStatus(
+BGP = BgpStatus(
     asn=65001,
     router_id="198.18.0.2",
     announced=["198.18.100.1"],
@@ -479,6 +486,7 @@ CLUSTER = ClusterStatus(
     self_checks=40,
     self_check_failures=3,
 )
+CLUSTER = ClusterStatus(bgp=BGP)
 
 
 def test_cluster_without_bgp_is_404(client: TestClient) -> None:
@@ -491,7 +499,7 @@ def test_cluster_view_and_its_metrics(client: TestClient, fake: FakeController) 
     r = client.get("/api/v1/cluster")
     assert r.status_code == 200
     assert ClusterStatus.model_validate(r.json()) == CLUSTER
-    assert client.get("/api/v1/status").json()["cluster"]["announced"] == ["198.18.100.1"]
+    assert client.get("/api/v1/status").json()["cluster"]["bgp"]["announced"] == ["198.18.100.1"]
     got = samples(client.get("/metrics").text)
 
     def s(name: str, *labels: tuple[str, str]) -> float:
@@ -504,8 +512,8 @@ def test_cluster_view_and_its_metrics(client: TestClient, fake: FakeController) 
     assert s("xdplb_self_checks_total") == 40
     assert s("xdplb_self_check_failures_total") == 3
 
-    fake.cluster_view = CLUSTER.model_copy(
-        update={"announced": [], "withdrawn_because": "eth0 is down"}
+    fake.cluster_view = ClusterStatus(
+        bgp=BGP.model_copy(update={"announced": [], "withdrawn_because": "eth0 is down"})
     )
     got = samples(client.get("/metrics").text)
     assert s("xdplb_bgp_announced", ("address", "198.18.100.1")) == 0

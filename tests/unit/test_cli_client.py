@@ -22,7 +22,7 @@ from xdplb.cli.app import app
 from xdplb.cli.args import EXIT_CONFIG, EXIT_NOT_RUNNING, EXIT_OK, EXIT_RUNTIME
 from xdplb.cli.client import Client, NotRunning, parse_vip
 from xdplb.control.sessions import Connection
-from xdplb.control.status import BgpSession, ClusterStatus, Status
+from xdplb.control.status import BgpSession, BgpStatus, ClusterStatus, Status
 from xdplb.core.paths import api_socket
 from xdplb.daemon.api import create_app
 from xdplb.lab.wait import wait_for
@@ -204,25 +204,27 @@ def test_status_through_the_api(served: Served) -> None:
     assert Status.model_validate_json(out) == served.fake.status()
 
 
+WHY = "probe of 198.18.100.1:80/tcp: to 198.18.0.13, the tables say to 198.18.0.11"
+
+
 def test_cluster_status(served: Served) -> None:
     code, _, err = xdplb("cluster", "status")
     assert code == EXIT_CONFIG and "no bgp section" in err
     served.fake.cluster_view = ClusterStatus(
-        asn=65001,
-        router_id="198.18.0.2",
-        announced=[],
-        withdrawn_because="probe of 198.18.100.1: to 198.18.0.13, the tables say to 198.18.0.11",
-        sessions=[BgpSession(peer="198.18.0.3", state="up Established")],
-        self_checks=12,
-        self_check_failures=2,
+        bgp=BgpStatus(
+            asn=65001,
+            router_id="198.18.0.2",
+            announced=[],
+            withdrawn_because=WHY,
+            sessions=[BgpSession(peer="198.18.0.3", state="up Established")],
+            self_checks=12,
+            self_check_failures=2,
+        )
     )
     code, out, _ = xdplb("cluster", "status")
     assert code == EXIT_OK
     lines = out.splitlines()
-    assert lines[0] == (
-        "node 198.18.0.2 (AS 65001): withdrawn: probe of 198.18.100.1: to 198.18.0.13, "
-        "the tables say to 198.18.0.11"
-    )
+    assert lines[0] == f"node 198.18.0.2 (AS 65001): withdrawn: {WHY}"
     assert lines[1] == "self-checks: 12, 2 failed"
     assert lines[3].split() == ["198.18.0.3", "up", "Established"]
     code, out, _ = xdplb("cluster", "status", "--json")

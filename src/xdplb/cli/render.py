@@ -328,15 +328,44 @@ def print_host_events(instance: str, events: Mapping[str, int]) -> None:
 
 def print_cluster(cl: ClusterStatus) -> None:
     """``xdplb cluster status``: what the node announces (or why not), its BGP sessions
-    and its self-checks."""
-    node = f"node {cl.router_id} (AS {cl.asn})"
-    if cl.withdrawn_because:
-        console.print(f"{node}: withdrawn: {cl.withdrawn_because}", style="red")
-    else:
-        console.print(f"{node}: announcing {', '.join(cl.announced) or 'nothing'}")
-    console.print(f"self-checks: {cl.self_checks}, {cl.self_check_failures} failed")
-    table = Table("peer", "session", box=None, pad_edge=False)
-    for sess in cl.sessions:
-        style = "" if sess.established else "red"
-        table.add_row(sess.peer, sess.state, style=style)
-    console.print(table)
+    and self-checks; the fleet's store, the revision each node serves, the tables that
+    differ."""
+    if cl.bgp is not None:
+        bgp = cl.bgp
+        node = f"node {bgp.router_id} (AS {bgp.asn})"
+        if bgp.withdrawn_because:
+            console.print(f"{node}: withdrawn: {bgp.withdrawn_because}", style="red")
+        else:
+            console.print(f"{node}: announcing {', '.join(bgp.announced) or 'nothing'}")
+        console.print(f"self-checks: {bgp.self_checks}, {bgp.self_check_failures} failed")
+        table = Table("peer", "session", box=None, pad_edge=False)
+        for sess in bgp.sessions:
+            table.add_row(sess.peer, sess.state, style="" if sess.established else "red")
+        console.print(table)
+    if cl.store is not None:
+        st = cl.store
+        where = f"store {st.store} as {st.node}"
+        if st.connected:
+            console.print(f"{where}: serving revision {_opt(st.revision)}")
+        else:
+            console.print(
+                f"{where}: unreachable ({st.error}), serving revision {_opt(st.revision)}",
+                style="red",
+            )
+        if st.refused_revision is not None:
+            console.print(
+                f"refused revision {st.refused_revision}: {st.refused_error}", style="red"
+            )
+        nodes = Table(
+            "node", "revision", "refused", "age", "tables differ", box=None, pad_edge=False
+        )
+        for n in st.nodes:
+            nodes.add_row(
+                n.node,
+                _opt(n.revision),
+                _opt(n.refused_revision),
+                f"{n.age:.1f}s",
+                ", ".join(n.tables_differ) or "-",
+                style="red" if n.tables_differ else "",
+            )
+        console.print(nodes)

@@ -5,9 +5,10 @@ while the node's self-check passes.
 - :mod:`~xdplb.cluster.announce`: what the node announces, withdraws, and when;
 - :mod:`~xdplb.cluster.selfcheck`: can this node's data plane serve?
 - :mod:`~xdplb.cluster.probe`: a packet to each VIP through the attached program,
-  against what the model says the maps should do with it.
+  against what the model says the maps should do with it;
+- :mod:`~xdplb.cluster.store`: the fleet's configuration and every node's report in etcd.
 
-Fleet state (etcd) and the gate on session sync come next.
+Agreed health, Beamer history in the store and the gate on session sync come next.
 
 The self-check reads the running instance (control) and predicts the probe's verdict
 with the model.

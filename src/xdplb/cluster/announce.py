@@ -15,7 +15,7 @@ from pathlib import Path
 
 from xdplb.cluster.bird import Bird, BirdError, Peer, Timers, node_config, static_routes
 from xdplb.config.schema import BgpConfig
-from xdplb.control.status import BgpSession, ClusterStatus
+from xdplb.control.status import BgpSession, BgpStatus
 from xdplb.core.addresses import IPAddress
 
 log = logging.getLogger("xdplb.cluster")
@@ -95,12 +95,16 @@ class Announcer:
         self._ever_announced = True
         self._set(frozenset(vips))
 
+    @property
+    def announced(self) -> list[str]:
+        return sorted(map(str, self._announced))
+
     def withdraw(self, why: str) -> None:
         """Stop announcing (shutdown, drain); the self-check no longer matters."""
         self._failing = why
         self._set(frozenset())
 
-    def state(self) -> ClusterStatus:
+    def state(self) -> BgpStatus:
         """What the node announces, why not, its sessions (BIRD asked now)."""
         try:
             protocols = self.bird.protocols()
@@ -113,10 +117,10 @@ class Announcer:
             )
             for i, p in enumerate(self.cfg.peers, 1)
         ]
-        return ClusterStatus(
+        return BgpStatus(
             asn=self.cfg.asn,
             router_id=str(self.router_id),
-            announced=sorted(map(str, self._announced)),
+            announced=self.announced,
             withdrawn_because=self._failing or "",
             sessions=sessions,
             self_checks=self.checks,

@@ -8,11 +8,12 @@ May import: core, tables (primes only: validating a file needs no built extensio
 """
 
 from xdplb.config.checks import check_limits_unchanged
-from xdplb.config.load import load_config, parse_config
+from xdplb.config.load import fleet_config, load_config, parse_config
 from xdplb.config.schema import (
     AclConfig,
     ApiConfig,
     BackendConfig,
+    ClusterConfig,
     Config,
     EncapKind,
     HashFields,
@@ -30,6 +31,7 @@ __all__ = [
     "AclConfig",
     "ApiConfig",
     "BackendConfig",
+    "ClusterConfig",
     "Config",
     "EncapKind",
     "HashFields",
@@ -42,6 +44,7 @@ __all__ = [
     "VipConfig",
     "XdpModeName",
     "check_limits_unchanged",
+    "fleet_config",
     "load_config",
     "parse_config",
 ]

@@ -18,7 +18,7 @@ import yaml
 from pydantic import BaseModel, ValidationError
 
 from xdplb.config.checks import FieldError
-from xdplb.config.schema import ApiConfig, Config
+from xdplb.config.schema import FLEET_FIELDS, ApiConfig, Config
 from xdplb.core.errors import ConfigError
 
 
@@ -110,6 +110,26 @@ def load_config(path: str | Path) -> Config:
     finally:
         loader.dispose()
     return parse_config(data)
+
+
+def fleet_config(local: Config, text: str | bytes, where: str) -> Config:
+    """``local`` (a node's own file) with the fields the fleet's document ``text`` (YAML,
+    read from ``where``) sets: those of :data:`FLEET_FIELDS` it names replace the file's,
+    the others stay the file's. ConfigError naming the field at fault."""
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as e:
+        raise ConfigError("", f"{where} is not valid YAML:\n{e}") from None
+    if data is None:
+        data = {}
+    if not isinstance(data, dict):
+        raise ConfigError("", f"{where} must be a mapping at the top level")
+    for key in data:
+        if key not in FLEET_FIELDS:
+            raise ConfigError(
+                str(key), f"not a fleet field ({', '.join(FLEET_FIELDS)}): each node sets it"
+            )
+    return parse_config({**local.model_dump(mode="json"), **data})
 
 
 def api_token(api: ApiConfig) -> str | None:

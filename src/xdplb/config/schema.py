@@ -592,6 +592,31 @@ class BgpConfig(_Model):
         return v
 
 
+class ClusterConfig(_Model):
+    """Where the fleet's configuration lives (docs/cluster.md, "Fleet state"): the nodes
+    read the fleet's part of their configuration (:data:`FLEET_FIELDS`) from etcd,
+    apply each revision, and publish what they serve under a lease."""
+
+    store: Annotated[str, Field(pattern=r"^etcd://[^/:]+(:\d+)?$")]
+    """``etcd://host:port`` (port default 2379)."""
+    prefix: Annotated[str, Field(pattern=r"^/[^\s]*[^/\s]$")] = "/xdplb"
+    """Keys: ``<prefix>/config`` (the fleet's document), ``<prefix>/nodes/<node>``."""
+    node: Annotated[str, Field(pattern=r"^[A-Za-z0-9_.:-]{1,64}$")] | None = None
+    """This node's name in the store; default: the instance name."""
+    lease_ttl: Annotated[int, Field(ge=2, le=300)] = 5
+    """Seconds a node's published state outlives it."""
+
+    @property
+    def endpoint(self) -> tuple[str, int]:
+        host, _, port = self.store.removeprefix("etcd://").partition(":")
+        return host, int(port or 2379)
+
+
+#: The fields of a configuration that the fleet's document in the store sets for every
+#: node; the rest (interfaces, addresses, API, BGP, map sizes) stays each node's own.
+FLEET_FIELDS = ("hash_seed", "table_size", "load_feedback", "acl", "flood", "sessions", "vips")
+
+
 class Config(_Model):
     """The whole desired state of one LB instance."""
 
@@ -623,6 +648,8 @@ class Config(_Model):
     """Idle timeouts of the session table."""
     bgp: BgpConfig | None = None
     """Announce the VIPs over BGP; absent: something else routes them here."""
+    cluster: ClusterConfig | None = None
+    """The fleet's configuration from a store (etcd); none: this file is all of it."""
     vips: list[VipConfig] = Field(default_factory=list, fail_fast=True)
 
     @field_validator("table_size")

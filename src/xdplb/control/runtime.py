@@ -34,6 +34,7 @@ from xdplb.config import (
     VipConfig,
     XdpModeName,
     check_limits_unchanged,
+    fleet_config,
     load_config,
 )
 from xdplb.control import planner
@@ -46,12 +47,14 @@ from xdplb.control.sessions import ConnectionPage, ConnectionQuery, SessionCount
 from xdplb.control.status import (
     Admin,
     BackendView,
+    BgpStatus,
     ClusterStatus,
     Counts,
     DaemonView,
     Health,
     MapsView,
     Status,
+    StoreStatus,
     Traffic,
     VipView,
     build,
@@ -59,7 +62,7 @@ from xdplb.control.status import (
 from xdplb.control.vip_weights import WeightFeedback
 from xdplb.core import abi, paths
 from xdplb.core.addresses import IPAddress
-from xdplb.core.errors import ConfigError
+from xdplb.core.errors import ConfigError, XdplbError
 from xdplb.core.mapops import DeleteTable, PutTable
 from xdplb.core.reports import LoadReport
 from xdplb.core.state import Snapshot
@@ -78,7 +81,12 @@ class Runtime:
 
     def __init__(self, config_path: Path, run_dir: Path) -> None:
         self.config_path = config_path
-        self.file_config: Config = load_config(config_path)  # ConfigError: refuse to start
+        #: The file as last loaded; with a store, the fleet's document goes over it.
+        self.local_config: Config = load_config(config_path)  # ConfigError: refuse to start
+        #: The desired configuration from its sources: the file, and the fleet's document
+        #: (docs/cluster.md, "Fleet state") as last applied (:meth:`apply_fleet`).
+        self.file_config: Config = self.local_config
+        self.fleet_text: bytes | None = None
         self.running = self.file_config
         #: Why the last reload was refused; None once one applies.
         self.last_reload_error: str | None = None
@@ -123,8 +131,10 @@ class Runtime:
         self.targets = HealthTargets(self.instance)
         #: Set by the daemon: called when something changed that needs a new plan.
         self.wake: Callable[[], None] = lambda: None
-        #: Set by the daemon with a bgp section: the node's cluster view (the status).
-        self.cluster_view: Callable[[], ClusterStatus | None] = lambda: None
+        #: Set by the daemon: the node's BGP view (with a bgp section) and its view of
+        #: the fleet's store (with a cluster section), for the status.
+        self.bgp_view: Callable[[], BgpStatus | None] = lambda: None
+        self.store_view: Callable[[], StoreStatus | None] = lambda: None
         #: Interface -> why it runs at its hook (xdplb status).
         self.hook_why: dict[str, str] = {}
         self.dirty = False
@@ -338,14 +348,9 @@ class Runtime:
         either way nothing changed, and :attr:`last_reload_error` says why."""
         who = caller()
         try:
-            cfg = load_config(self.config_path)
-            if cfg.instance != self.instance:
-                raise ConfigError(
-                    "instance", f"cannot change while running ({self.instance} -> {cfg.instance})"
-                )
-            if (cfg.bgp is None) != (self.running.bgp is None):
-                # BIRD is started with the daemon's every capability, at start only.
-                raise ConfigError("bgp", "adding or removing it needs a restart")
+            local = load_config(self.config_path)
+            self._check_restartless(local)
+            cfg = self._with_fleet(local)
             lost = dropped(self.file_config, self.running, cfg)
             if lost and not force:
                 raise ReloadRefused(lost)
@@ -364,12 +369,52 @@ class Runtime:
                 extra={"who": who, "field": e.field},
             )
             raise
-        self.file_config = cfg
+        self.local_config, self.file_config = local, cfg
         self.last_reload_error = None
         for line in lost:
             log.warning("reload (%s, forced): %s", who, line, extra={"who": who})
         self._log_changes(f"reload ({who})", old, cfg)
         return self._result(n, False)
+
+    def _check_restartless(self, cfg: Config) -> None:
+        """ConfigError unless ``cfg`` keeps what only a restart can change."""
+        if cfg.instance != self.instance:
+            raise ConfigError(
+                "instance", f"cannot change while running ({self.instance} -> {cfg.instance})"
+            )
+        if (cfg.bgp is None) != (self.running.bgp is None):
+            # BIRD is started with the daemon's every capability, at start only.
+            raise ConfigError("bgp", "adding or removing it needs a restart")
+        if cfg.cluster != self.running.cluster:
+            raise ConfigError("cluster", "changing the store needs a restart")
+
+    def _with_fleet(self, local: Config) -> Config:
+        """``local`` with the fleet's document over it, when there is one."""
+        if local.cluster is None or self.fleet_text is None:
+            return local
+        return fleet_config(local, self.fleet_text, f"{local.cluster.store} document")
+
+    def apply_fleet(self, text: bytes, revision: int) -> str | None:
+        """Serve the fleet's document ``text``, revision ``revision`` of the store, over the
+        file: None once applied, else why it was refused (the running configuration keeps
+        serving). Changes made through the API and not persisted are dropped: the store
+        says what the fleet serves."""
+        what = f"store revision {revision}"
+        local = self.local_config
+        try:
+            assert local.cluster is not None
+            cfg = fleet_config(local, text, f"{local.cluster.store} revision {revision}")
+            old = self.running
+            n = self.apply(cfg)
+        except XdplbError as e:  # a bad document, or one the maps cannot take
+            log.error("%s refused, still serving the previous configuration: %s", what, e)
+            return str(e)
+        for line in dropped(self.file_config, old, cfg):
+            log.warning("%s: %s", what, line)
+        self.file_config, self.fleet_text = cfg, text
+        self._log_changes(what, old, cfg)
+        log.info("%s applied: %d map operations", what, n)
+        return None
 
     def _log_changes(self, what: str, old: Config, new: Config) -> None:
         """One line per change from ``old`` to ``new`` (or one saying there was none)."""
@@ -549,7 +594,8 @@ class Runtime:
         return out
 
     def cluster(self) -> ClusterStatus | None:
-        return self.cluster_view()
+        bgp, store = self.bgp_view(), self.store_view()
+        return None if bgp is None and store is None else ClusterStatus(bgp=bgp, store=store)
 
     def traffic(self) -> Traffic:
         """The VIPs' and backends' counters alone, for the rate history: a few lookups
@@ -624,5 +670,5 @@ class Runtime:
             last_reload_error=self.last_reload_error,
             upgrade=self.upgrade_report,
             hook_why=dict(self.hook_why),
-            cluster=self.cluster_view(),
+            cluster=self.cluster(),
         )

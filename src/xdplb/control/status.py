@@ -156,8 +156,8 @@ class BgpSession(_Out):
         return self.state.endswith("Established")
 
 
-class ClusterStatus(_Out):
-    """The node's part in the cluster (docs/cluster.md): what it announces and why."""
+class BgpStatus(_Out):
+    """What the node announces and why (docs/cluster.md, "Announcing")."""
 
     asn: int
     router_id: str
@@ -171,6 +171,43 @@ class ClusterStatus(_Out):
     """Self-checks run since the daemon started."""
     self_check_failures: int
     """Of those, the ones that failed."""
+
+
+class FleetNode(_Out):
+    """Another node's (or this one's) report in the store."""
+
+    node: str
+    revision: int | None
+    """The revision of the fleet's document it serves."""
+    refused_revision: int | None
+    refused_error: str
+    age: float
+    """Seconds since it published this report."""
+    tables_differ: list[str]
+    """VIPs whose table digest differs from this node's."""
+
+
+class StoreStatus(_Out):
+    """The node and the fleet's state in etcd (docs/cluster.md, "Fleet state")."""
+
+    store: str
+    node: str
+    connected: bool
+    error: str
+    """Why the store cannot be reached (the node keeps serving meanwhile)."""
+    revision: int | None
+    """The revision of the fleet's document this node serves."""
+    refused_revision: int | None
+    """The last revision this node refused (the previous one kept serving)."""
+    refused_error: str
+    nodes: list[FleetNode]
+
+
+class ClusterStatus(_Out):
+    """The node's part in the cluster: BGP, the fleet's store (each None if not set)."""
+
+    bgp: BgpStatus | None = None
+    store: StoreStatus | None = None
 
 
 class Status(_Out):

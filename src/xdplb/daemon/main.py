@@ -39,6 +39,7 @@ from xdplb.agent.receiver import ReportReceiver
 from xdplb.cluster.announce import Announcer
 from xdplb.cluster.bird import BirdError
 from xdplb.cluster.selfcheck import self_check
+from xdplb.cluster.store import FleetMember, NodeReport, table_digests
 from xdplb.config import ApiConfig
 from xdplb.config.load import api_token
 from xdplb.control.caller import acting_for
@@ -232,7 +233,7 @@ class Daemon:
                     paths.run_dir() / f"{rt.instance}.bird",
                 )
                 self.announcer.start()
-                rt.cluster_view = self.announcer.state
+                rt.bgp_view = self.announcer.state
         except BaseException:
             sock.close()
             _remove_socket_file(sock_file)
@@ -265,6 +266,10 @@ class Daemon:
         ]
         if self.announcer is not None:
             tasks.append(asyncio.create_task(self._announce(self.announcer), name="bgp"))
+        if (cluster := rt.running.cluster) is not None:
+            fleet = FleetMember(cluster, cluster.node or rt.instance, rt.apply_fleet, self._report)
+            rt.store_view = fleet.status
+            tasks.append(asyncio.create_task(fleet.run(), name="store"))
         self._banner(token is not None)
         last_plan = time.monotonic()
         try:
@@ -324,6 +329,12 @@ class Daemon:
             except BirdError as e:
                 log.error("bgp: %s", e)
             await asyncio.sleep(bgp.self_check_interval)
+
+    def _report(self) -> NodeReport:
+        """What this node serves, for the fleet's store (FleetMember adds the rest)."""
+        announced = self.announcer.announced if self.announcer is not None else []
+        tables = table_digests(self.rt.running, self.rt.applied)
+        return NodeReport(node="", revision=None, tables=tables, announced=announced)
 
     async def _withdraw(self, announcer: Announcer) -> None:
         """Withdraw every VIP, give the routers ``bgp.drain`` seconds to move the flows

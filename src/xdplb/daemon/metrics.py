@@ -25,7 +25,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.registry import Collector
 
 from xdplb.control.interface import Controller
-from xdplb.control.status import Admin, Health, Status
+from xdplb.control.status import Admin, BgpStatus, Health, Status, StoreStatus
 
 log = logging.getLogger("xdplb.daemon.metrics")
 
@@ -203,14 +203,14 @@ def families(st: Status) -> Iterator[Metric]:
     yield from (v_packets, v_bytes, v_new, v_down, v_size)
     yield from (b_packets, b_bytes, b_new, b_hop2)
     yield from (up, health, admin, weight, eff, share, est)
-    if st.cluster is not None:
-        yield from cluster_families(st)
+    if st.cluster is not None and st.cluster.bgp is not None:
+        yield from bgp_families(st, st.cluster.bgp)
+    if st.cluster is not None and st.cluster.store is not None:
+        yield from store_families(st.cluster.store)
 
 
-def cluster_families(st: Status) -> Iterator[Metric]:
+def bgp_families(st: Status, cl: BgpStatus) -> Iterator[Metric]:
     """With a bgp section: what the node announces, its sessions, its self-checks."""
-    cl = st.cluster
-    assert cl is not None
     announced = GaugeMetricFamily(
         "xdplb_bgp_announced",
         "1 if the node announces the VIP address over BGP now",
@@ -238,6 +238,32 @@ def cluster_families(st: Status) -> Iterator[Metric]:
     yield CounterMetricFamily(
         "xdplb_self_check_failures", "Self-checks that failed", cl.self_check_failures
     )
+
+
+def store_families(store: StoreStatus) -> Iterator[Metric]:
+    """With a cluster section: the fleet's store as this node sees it."""
+    yield GaugeMetricFamily(
+        "xdplb_store_connected", "1 while the fleet's store (etcd) answers", int(store.connected)
+    )
+    if store.revision is not None:
+        yield GaugeMetricFamily(
+            "xdplb_store_revision",
+            "The revision of the fleet's document this node serves",
+            store.revision,
+        )
+    yield GaugeMetricFamily(
+        "xdplb_fleet_nodes",
+        "Nodes whose report is in the store (this one included)",
+        len(store.nodes),
+    )
+    differ = GaugeMetricFamily(
+        "xdplb_fleet_tables_differ",
+        "VIPs whose table digest on the node differs from this node's",
+        labels=["node"],
+    )
+    for n in store.nodes:
+        differ.add_metric([n.node], len(n.tables_differ))
+    yield differ
 
 
 class Metrics:

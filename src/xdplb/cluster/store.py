@@ -1,0 +1,244 @@
+"""The fleet's state in etcd (docs/cluster.md, "Fleet state").
+
+Keys under the configured prefix:
+
+- ``<prefix>/config``: the fleet's document (YAML, the fields of
+  :data:`~xdplb.config.schema.FLEET_FIELDS`); each write is a revision every node applies,
+  or refuses, the same way;
+- ``<prefix>/nodes/<node>``: what each node serves (:class:`NodeReport`, JSON), under a
+  lease of ``lease_ttl`` seconds, so a node that dies leaves the list by itself.
+
+:class:`FleetMember` is the node's side, sans daemon: it follows the document (read, then
+watch from the next revision), hands each revision to ``apply``, and publishes
+``report()`` every third of the lease. When the store cannot be reached it says so (the
+node keeps serving what it has) and tries again every second.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hashlib
+import json
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+
+import aetcd
+import aetcd.exceptions
+import numpy as np
+
+from xdplb.config.schema import ClusterConfig, Config
+from xdplb.control.planner import vip_key
+from xdplb.control.status import FleetNode, StoreStatus
+from xdplb.core.state import Snapshot
+
+log = logging.getLogger("xdplb.cluster")
+
+#: What a lost or refusing store raises through aetcd (grpc's errors are mapped to these).
+STORE_ERRORS = (aetcd.exceptions.ClientError, OSError, asyncio.TimeoutError)
+#: Seconds one call to the store may take.
+CALL_TIMEOUT = 2
+RETRY = 1.0
+
+
+@dataclass(frozen=True)
+class NodeReport:
+    """What a node publishes: the revision it serves, the one it refused last (and why), a
+    digest of every VIP's table (by VIP name), its announcements."""
+
+    node: str
+    revision: int | None
+    refused_revision: int | None = None
+    refused_error: str = ""
+    tables: dict[str, str] = field(default_factory=dict)
+    announced: list[str] = field(default_factory=list)
+    at: float = 0.0
+
+    def encode(self) -> bytes:
+        return json.dumps(asdict(self), sort_keys=True).encode()
+
+    @classmethod
+    def decode(cls, raw: bytes) -> NodeReport | None:
+        """None for a value that is not a report (another writer's, a newer format)."""
+        try:
+            doc = json.loads(raw)
+            return cls(**doc) if isinstance(doc, dict) else None
+        except (ValueError, TypeError):
+            return None
+
+
+@dataclass
+class StoreState:
+    """The node's view of the store, for the status."""
+
+    connected: bool = False
+    #: Why not connected (empty while connected, or before the first attempt).
+    error: str = ""
+    #: The revision of the document the node serves (None: none applied from the store).
+    revision: int | None = None
+    refused_revision: int | None = None
+    refused_error: str = ""
+    #: Every node's latest report, this one's included, by node name.
+    nodes: dict[str, NodeReport] = field(default_factory=dict)
+
+
+#: ``apply(text, revision)``: None when the revision is served now, else why it was
+#: refused (the previous one keeps serving).
+Apply = Callable[[bytes, int], str | None]
+
+
+class FleetMember:
+    """This node in the store: follows the fleet's document, publishes its report."""
+
+    def __init__(
+        self, cfg: ClusterConfig, node: str, apply: Apply, report: Callable[[], NodeReport]
+    ) -> None:
+        self.cfg = cfg
+        self.node = node
+        self._apply = apply
+        self._report = report
+        self.state = StoreState()
+        prefix = cfg.prefix.encode()
+        self.config_key = prefix + b"/config"
+        self.nodes_prefix = prefix + b"/nodes/"
+
+    def _take(self, value: bytes, revision: int) -> None:
+        why = self._apply(value, revision)
+        st = self.state
+        if why is None:
+            st.revision = revision
+        else:
+            st.refused_revision, st.refused_error = revision, why
+
+    def report(self) -> NodeReport:
+        st = self.state
+        base = self._report()
+        return NodeReport(
+            node=self.node,
+            revision=st.revision,
+            refused_revision=st.refused_revision,
+            refused_error=st.refused_error,
+            tables=base.tables,
+            announced=base.announced,
+            at=time.time(),
+        )
+
+    def status(self) -> StoreStatus:
+        st = self.state
+        now = time.time()
+        mine = st.nodes.get(self.node)
+        ours = mine.tables if mine is not None else self._report().tables
+        return StoreStatus(
+            store=f"{self.cfg.store}{self.cfg.prefix}",
+            node=self.node,
+            connected=st.connected,
+            error=st.error,
+            revision=st.revision,
+            refused_revision=st.refused_revision,
+            refused_error=st.refused_error,
+            nodes=[
+                FleetNode(
+                    node=r.node,
+                    revision=r.revision,
+                    refused_revision=r.refused_revision,
+                    refused_error=r.refused_error,
+                    age=max(0.0, now - r.at),
+                    tables_differ=sorted(
+                        v for v in ours.keys() | r.tables.keys() if ours.get(v) != r.tables.get(v)
+                    ),
+                )
+                for r in sorted(st.nodes.values(), key=lambda r: r.node)
+            ],
+        )
+
+    async def run(self) -> None:
+        """Until cancelled: connect, follow, publish; on a loss, say so and retry."""
+        host, port = self.cfg.endpoint
+        while True:
+            try:
+                client = aetcd.Client(
+                    host=host, port=port, timeout=CALL_TIMEOUT, connect_wait_timeout=CALL_TIMEOUT
+                )
+                try:
+                    await self._session(client)
+                finally:
+                    await client.close()
+            except STORE_ERRORS as e:
+                if self.state.connected or not self.state.error:
+                    log.error(
+                        "store %s: %s: serving revision %s meanwhile",
+                        self.cfg.store,
+                        e or type(e).__name__,
+                        self.state.revision,
+                    )
+                self.state.connected = False
+                self.state.error = str(e) or type(e).__name__
+            await asyncio.sleep(RETRY)
+
+    async def _session(self, client: aetcd.Client) -> None:
+        got = await client.get(self.config_key)
+        if got is not None and got.mod_revision != self.state.revision:
+            self._take(got.value, got.mod_revision)
+        watch = asyncio.create_task(self._watch(client, got.mod_revision + 1 if got else None))
+        lease = await client.lease(self.cfg.lease_ttl)
+        if not self.state.connected:
+            log.info(
+                "store %s: connected, serving revision %s", self.cfg.store, self.state.revision
+            )
+        self.state.connected, self.state.error = True, ""
+        try:
+            while True:
+                await client.put(
+                    self.nodes_prefix + self.node.encode(), self.report().encode(), lease=lease
+                )
+                await lease.refresh()
+                nodes = {}
+                for kv in await client.get_prefix(self.nodes_prefix):
+                    rep = NodeReport.decode(kv.value)
+                    if rep is not None:
+                        nodes[rep.node] = rep
+                self.state.nodes = nodes
+                if watch.done():
+                    watch.result()  # the watch's error: a new session
+                    raise aetcd.exceptions.ClientError("the watch ended")
+                await asyncio.sleep(self.cfg.lease_ttl / 3)
+        finally:
+            watch.cancel()
+            with contextlib.suppress(*STORE_ERRORS):
+                await lease.revoke()
+
+    async def _watch(self, client: aetcd.Client, start: int | None) -> None:
+        """Every later revision of the document (a deletion changes nothing: the node
+        keeps serving the last one)."""
+        events = await client.watch(self.config_key, start_revision=start)
+        async for ev in events:
+            if ev.kind == aetcd.rtypes.EventKind.PUT:
+                self._take(ev.kv.value, ev.kv.mod_revision)
+
+
+def table_digests(cfg: Config, snap: Snapshot | None) -> dict[str, str]:
+    """Per VIP of ``cfg``, a digest of its table as ``snap`` (the maps) holds it, over
+    backend addresses rather than ids: two nodes whose backends got other ids (another
+    history of changes) and route alike agree. A VIP without a table: no entry."""
+    out: dict[str, str] = {}
+    if snap is None:
+        return out
+    for vip in cfg.vips:
+        params = snap.vips.get(vip_key(vip))
+        table = snap.tables.get(params.vip_id) if params is not None else None
+        if table is None:
+            continue
+        hops = np.asarray(table.first, dtype=np.uint32)[:, None]
+        if table.rest is not None:
+            hops = np.column_stack([hops, np.asarray(table.rest, dtype=np.uint32)])
+        ids = np.unique(hops)
+        addrs = [str(snap.backends[int(i)].addr) if int(i) in snap.backends else "" for i in ids]
+        order = np.argsort(addrs, kind="stable")  # rank of each id by its address
+        rank = np.empty(len(ids), dtype=np.uint32)
+        rank[order] = np.arange(len(ids), dtype=np.uint32)
+        h = hashlib.sha256(" ".join(sorted(addrs)).encode())
+        h.update(rank[np.searchsorted(ids, hops)].tobytes())
+        out[vip.name] = h.hexdigest()[:16]
+    return out
