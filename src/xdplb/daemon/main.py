@@ -46,7 +46,7 @@ from xdplb.control.caller import acting_for
 from xdplb.control.interface import ReloadRefused
 from xdplb.control.runtime import Runtime
 from xdplb.core import paths
-from xdplb.core.errors import ConfigError
+from xdplb.core.errors import ConfigError, XdplbError
 from xdplb.daemon import privileges
 from xdplb.daemon.api import create_app
 from xdplb.daemon.history import History
@@ -165,6 +165,15 @@ class Daemon:
                 old = self.rt.running.bgp
                 self.rt.reload()
             except (ConfigError, ReloadRefused):
+                return False
+            except XdplbError as e:  # the kernel refused a map operation on the way
+                self.rt.last_reload_error = f"applying {self.rt.config_path} failed: {e}"
+                log.error(
+                    "reload (%s): applying failed, still serving (the maps may be part-way "
+                    "there; the next change plans from them): %s",
+                    why,
+                    e,
+                )
                 return False
         new, rid = self.rt.running.bgp, self.rt.running.bgp_router_id
         if self.announcer is not None and new is not None and rid is not None and new != old:

@@ -239,7 +239,10 @@ class LbMaps(Closing):
                     with Map.from_id(map_id) as inner:
                         states = member_states(inner.lookup_array())
                 except BpfError as e:
-                    if e.errno != errno.ENOENT:  # replaced under us: the next one has it
+                    # ENOENT: replaced under us, the next one has it. EPERM: written by
+                    # another process after we dropped CAP_SYS_ADMIN: unknown, so the
+                    # next plan writes the VIP's members anew.
+                    if e.errno not in (errno.ENOENT, errno.EPERM):
                         raise
                     continue
                 self._members[map_id] = states
@@ -282,6 +285,10 @@ class LbMaps(Closing):
                 with Map.from_id(map_id) as inner:
                     table = LookupTable.from_contents(kind, inner.lookup_array())
             except BpfError as e:
+                if e.errno == errno.EPERM:
+                    # Put there by another process after we dropped CAP_SYS_ADMIN: not
+                    # ours to read, so as good as absent (the next plan replaces it).
+                    return None
                 if e.errno != errno.ENOENT or attempt == _TABLE_READ_TRIES - 1:
                     raise
                 continue
