@@ -56,7 +56,7 @@ GIVE_UP = 10.0
 #: Quiet time between a recovery and the next kill (the checks settle).
 SETTLE = 0.5
 
-_LOG_LINE = re.compile(r"^(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3}) \S+ \S+ (.*)$")
+_LOG_LINE = re.compile(r"^(\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}) \S+ \S+ (.*)$")
 _APPLIED = re.compile(r"applied (\d+) map operations in ([\d.]+) ms")
 _METRIC = re.compile(r"^xdplb_table_rebuild_seconds_(sum|count) ([\d.e+-]+)$", re.M)
 
@@ -145,7 +145,7 @@ def _log_events(path: Path, offset: int, addr: str) -> list[tuple[float, str, st
         m = _LOG_LINE.match(line)
         if m is None:
             continue
-        at = datetime.datetime.strptime(m[1], "%Y-%m-%d %H:%M:%S,%f").timestamp()
+        at = datetime.datetime.strptime(m[1], "%Y-%m-%dT%H:%M:%S.%f").timestamp()
         msg = m[2]
         if f"backend {addr} is down" in msg:
             events.append((at, "down", msg))

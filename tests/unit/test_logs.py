@@ -65,7 +65,7 @@ def test_text_for_the_journal_is_level_logger_message_fields() -> None:
 def test_text_elsewhere_starts_with_a_timestamp() -> None:
     line = logs.TextFormatter().format(record())
     assert re.fullmatch(
-        r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d WARNING xdplb\.control\.runtime VIP .*", line
+        r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3} WARNING xdplb\.control\.runtime VIP .*", line
     )
 
 

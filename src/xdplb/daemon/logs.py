@@ -69,7 +69,8 @@ class TextFormatter(logging.Formatter):
         if self.journal:
             prio = _PRIORITY.get(record.levelno, 2 if record.levelno > logging.ERROR else 6)
             return f"<{prio}>{line}"
-        return f"{self.formatTime(record, '%Y-%m-%dT%H:%M:%S')} {line}"
+        when = self.formatTime(record, "%Y-%m-%dT%H:%M:%S")
+        return f"{when}.{int(record.msecs):03d} {line}"
 
 
 class JsonFormatter(logging.Formatter):
