@@ -241,7 +241,7 @@ def _spread(xs: list[float]) -> dict[str, Any]:
     }
 
 
-def _cpu_model() -> str | None:
+def cpu_model() -> str | None:
     """/proc/cpuinfo's model name: figures only compare on one CPU model."""
     try:
         for line in Path("/proc/cpuinfo").read_text().splitlines():
@@ -347,7 +347,7 @@ def build_results(
         "problems": problems,
         "meta": {
             "kernel": os.uname().release,
-            "cpu_model": _cpu_model(),
+            "cpu_model": cpu_model(),
             "cpus": os.cpu_count(),
             "pinned_cpu": cpu,
             "iterations": args.iterations,

@@ -20,18 +20,15 @@ import pytest
 from xdplb.core.mapops import DeleteVip
 from xdplb.datapath.links import Link
 from xdplb.lab import Lab, cleanup_stale
+from xdplb.lab.cluster import bgp_section, wait_route
 from xdplb.lab.host import attach_host
 from xdplb.lab.lbnode import LbNode
-from xdplb.lab.router import NODE_ASN, ROUTER_ASN, route_nexthops
 from xdplb.lab.traffic import http_post
-from xdplb.lab.wait import wait_for
 
 pytestmark = pytest.mark.e2e
 
 VIP4 = "198.18.100.1"
 VIP6 = "fd78:6470:6c62:100::1"
-#: Long enough for BGP to come up (connect retry 1 s on both sides).
-SESSION_WAIT = 15.0
 
 
 @pytest.fixture(scope="module")
@@ -41,11 +38,6 @@ def cluster() -> Iterator[Lab]:
         for b in lab.backends:
             attach_host(lab, b)
         yield lab
-
-
-def bgp(lab: Lab) -> dict[str, Any]:
-    peers = [{"address": str(lab.addr("rt", fam)), "asn": ROUTER_ASN} for fam in (4, 6)]
-    return {"asn": NODE_ASN, "peers": peers, "hold_down": 0.5, "drain": 0.5}
 
 
 def vips(lab: Lab) -> list[dict[str, Any]]:
@@ -62,7 +54,10 @@ def vips(lab: Lab) -> list[dict[str, Any]]:
 @pytest.fixture
 def nodes(cluster: Lab, tmp_path: Path) -> Iterator[list[LbNode]]:
     servers = cluster.start_servers()
-    made = [LbNode(cluster, tmp_path, vips(cluster), node=n, bgp=bgp(cluster)) for n in cluster.lbs]
+    made = [
+        LbNode(cluster, tmp_path, vips(cluster), node=n, bgp=bgp_section(cluster))
+        for n in cluster.lbs
+    ]
     try:
         for n in made:
             n.start()
@@ -74,26 +69,9 @@ def nodes(cluster: Lab, tmp_path: Path) -> Iterator[list[LbNode]]:
             p.kill()
 
 
-def hops(lab: Lab, vip: str) -> list[str]:
-    return route_nexthops(lab, vip)
-
-
-def addrs(lab: Lab, names: list[str], fam: int) -> list[str]:
-    return sorted(str(lab.addr(n, fam)) for n in names)
-
-
 def wait_hops(lab: Lab, names: list[str], what: str) -> float:
     """Seconds until the router's routes to both VIPs go through exactly ``names``."""
-    t0 = time.monotonic()
-    for vip, fam in ((VIP4, 4), (VIP6, 6)):
-        wait_for(
-            lambda vip=vip: hops(lab, vip),  # type: ignore[misc]
-            f"{what} (IPv{fam})",
-            until=lambda got, fam=fam: got == addrs(lab, names, fam),  # type: ignore[misc]
-            timeout=SESSION_WAIT,
-            interval=0.01,
-        )
-    return time.monotonic() - t0
+    return wait_route(lab, [VIP4, VIP6], names, what)
 
 
 def vip_packets(node: LbNode) -> int:
@@ -160,8 +138,8 @@ def test_probe_withdraws_a_node_whose_maps_lost_a_vip(cluster: Lab, nodes: list[
         vip = next(v for v in maps.snapshot().vips if str(v.addr) == VIP4)
         maps.apply([DeleteVip(vip)])
     wait_hops(lab, [n for n in lab.lbs if n != node.node], "the route without the broken node")
-    assert f"self-check failed: probe of {vip}: to {VIP4}" in node.log_tail()
+    assert f"self-check failed: probe of {VIP4}:80/tcp: to {VIP4}," in node.log_tail()
 
-    node.reload(vips(lab), bgp=bgp(lab))  # the plan finds the VIP missing
+    node.reload(vips(lab), bgp=bgp_section(lab))  # the plan finds the VIP missing
     wait_hops(lab, lab.lbs, "the repaired node back in the route")
     assert "self-check passing for" in node.log_tail()

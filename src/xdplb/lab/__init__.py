@@ -5,6 +5,8 @@
 - registry: the instances' prefixes and owners, and :func:`cleanup_stale` of dead ones
 - host: :func:`attach_host`, host_tc on a backend
 - router: ``rt``'s BIRD in a cluster lab (``Lab(lbs=3, router=True)``)
+- cluster: a cluster lab's events (a node stopped, killed, cut off, black-holed and brought
+  back), the router's routes over netlink, which node's session table carries a flow
 - packets: GUE / IPIP packets as lb_xdp builds them
 - pytest_plugin: the ``lab`` fixture
 - browser: :class:`~xdplb.lab.browser.Browser`, headless Chromium in a namespace (status page tests)

@@ -14,6 +14,7 @@ Run as ``python -m xdplb.lab.apps --name b1`` inside a backend namespace.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import signal
 import socket
 import socketserver
@@ -80,8 +81,11 @@ class _Echo(socketserver.BaseRequestHandler):
     def handle(self) -> None:
         conn: socket.socket = self.request
         conn.sendall(f"{self.server.name}\n".encode())
-        while data := conn.recv(65536):
-            conn.sendall(data)
+        # A client that closes with bytes still in flight resets the connection: its
+        # end, not an error (socketserver would print a traceback per stream).
+        with contextlib.suppress(ConnectionResetError, BrokenPipeError):
+            while data := conn.recv(65536):
+                conn.sendall(data)
 
 
 def _udp_echo(name: str, family: socket.AddressFamily, port: int, stop: threading.Event) -> None:

@@ -123,6 +123,17 @@ class PacedStreams(Closing):
         """The backend of each stream, in order."""
         return [s.es.backend for s in self.streams]
 
+    @property
+    def ports(self) -> list[int]:
+        """The client's source port of each stream, in order (its flow, with the
+        destination)."""
+        return [int(s.es.sock.getsockname()[1]) for s in self.streams]
+
+    def verified(self) -> list[int]:
+        """Bytes echoed back intact so far, per stream: a stream that neither broke nor
+        moved on since an earlier reading is stalled."""
+        return [s.es.sent for s in self.streams]
+
     def totals(self) -> PacedTotals:
         with self._lock:
             return PacedTotals(

@@ -1,0 +1,152 @@
+"""The fleet's configuration in a real etcd (docs/cluster.md, "Fleet state"): two LB
+nodes behind the lab's router, whose files name the store and no VIP, follow the fleet's
+document, publish what they serve under a lease, agree on every table; a revision that
+fails validation is refused by both while the previous one keeps serving; a node that
+loses the store keeps serving and says so, and catches up once it is back.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from xdplb.lab import Lab, cleanup_stale
+from xdplb.lab.cluster import bgp_section
+from xdplb.lab.etcd import Etcd
+from xdplb.lab.host import attach_host
+from xdplb.lab.lbnode import LbNode
+from xdplb.lab.traffic import http_post
+from xdplb.lab.wait import wait_for
+
+pytestmark = pytest.mark.e2e
+
+VIP = "198.18.100.1"
+KEY = "/xdplb/config"
+
+
+@pytest.fixture(scope="module")
+def lab() -> Iterator[Lab]:
+    cleanup_stale()
+    with Lab(lbs=2, router=True) as lab:
+        for b in lab.backends:
+            attach_host(lab, b)
+        lab.start_servers()
+        yield lab
+
+
+@pytest.fixture
+def fleet(lab: Lab, tmp_path: Path) -> Iterator[tuple[Etcd, list[LbNode]]]:
+    etcd = Etcd(lab, tmp_path / "etcd")
+    etcd.start()
+    cluster = {"store": etcd.url, "lease_ttl": 2}
+    # They announce the VIPs (the client reaches them through the router) once served.
+    nodes = [
+        LbNode(lab, tmp_path, [], node=n, cluster=cluster, bgp=bgp_section(lab)) for n in lab.lbs
+    ]
+    try:
+        for n in nodes:
+            n.start()
+        yield etcd, nodes
+    finally:
+        for n in nodes:
+            n.destroy()
+        etcd.kill()
+
+
+def document(lab: Lab, backends: list[str]) -> str:
+    vips = [{"address": VIP, "port": 80, "backends": [{"address": b} for b in backends]}]
+    return yaml.safe_dump({"vips": vips})
+
+
+def cluster(node: LbNode) -> dict[str, Any]:
+    with node.api() as api:
+        r = api.get("/api/v1/cluster")
+        r.raise_for_status()
+        store: dict[str, Any] = r.json()["store"]
+        return store
+
+
+def wait_all(nodes: list[LbNode], what: str, until: Any) -> None:
+    for n in nodes:
+        wait_for(lambda n=n: cluster(n), f"{n.node}: {what}", until=until, timeout=20)
+
+
+def tables(node: LbNode) -> dict[str, Any]:
+    with node.maps() as maps:
+        snap = maps.snapshot()
+    return {str(v.addr): snap.tables[p.vip_id] for v, p in snap.vips.items()}
+
+
+def test_nodes_serve_each_revision_and_refuse_a_bad_one_alike(
+    lab: Lab, fleet: tuple[Etcd, list[LbNode]]
+) -> None:
+    etcd, nodes = fleet
+    addrs = [str(lab.addr(b)) for b in lab.backends]
+    rev = etcd.put(KEY, document(lab, addrs))
+    wait_all(
+        nodes,
+        f"serving revision {rev}, both nodes' reports in, tables alike",
+        until=lambda st: (
+            st["revision"] == rev
+            and {n["node"] for n in st["nodes"]} == {n.instance for n in nodes}
+            and all(n["revision"] == rev and not n["tables_differ"] for n in st["nodes"])
+        ),
+    )
+    assert http_post(lab.ns("client"), VIP, 80, b"x") in lab.backends
+    before = [tables(n) for n in nodes]
+    assert list(before[0]) == [VIP] and before[0][VIP] == before[1][VIP]
+
+    # A revision that fails validation: both refuse it, the previous one keeps serving.
+    bad = etcd.put(KEY, document(lab, [*addrs, "198.18.0.999"]))
+    wait_all(
+        nodes,
+        f"refusing revision {bad}",
+        until=lambda st: st["refused_revision"] == bad and st["revision"] == rev,
+    )
+    for n in nodes:
+        st = cluster(n)
+        assert st["refused_error"].startswith("vips[0].backends[3].address"), st
+        assert f"store revision {bad} refused" in n.log_tail()
+    assert [tables(n) for n in nodes] == before
+    assert http_post(lab.ns("client"), VIP, 80, b"y") in lab.backends
+
+    # A good one after it: served by both, the refusal stays on record.
+    good = etcd.put(KEY, document(lab, addrs[:2]))
+    wait_all(nodes, f"serving revision {good}", until=lambda st: st["revision"] == good)
+    after = [tables(n) for n in nodes]
+    assert after[0][VIP] == after[1][VIP] != before[0][VIP]
+    assert len(after[0][VIP].counts()) == 2
+
+
+def test_a_node_that_loses_the_store_keeps_serving_and_catches_up(
+    lab: Lab, fleet: tuple[Etcd, list[LbNode]]
+) -> None:
+    etcd, nodes = fleet
+    addrs = [str(lab.addr(b)) for b in lab.backends]
+    rev = etcd.put(KEY, document(lab, addrs))
+    wait_all(nodes, f"serving revision {rev}", until=lambda st: st["revision"] == rev)
+
+    etcd.kill()
+    wait_all(nodes, "the store unreachable", until=lambda st: not st["connected"] and st["error"])
+    for n in nodes:
+        assert cluster(n)["revision"] == rev
+    assert http_post(lab.ns("client"), VIP, 80, b"z") in lab.backends
+
+    etcd.start()
+    wait_all(nodes, "the store back", until=lambda st: st["connected"])
+    again = etcd.put(KEY, document(lab, addrs[:1]))
+    wait_all(nodes, f"serving revision {again}", until=lambda st: st["revision"] == again)
+    assert http_post(lab.ns("client"), VIP, 80, b"w") == lab.backends[0]
+
+    # A node that stops leaves the others' view when its lease ends.
+    nodes[1].stop_daemon()
+    wait_for(
+        lambda: [n["node"] for n in cluster(nodes[0])["nodes"]],
+        "the stopped node's report gone",
+        until=lambda names: names == [nodes[0].instance],
+        timeout=20,
+    )
