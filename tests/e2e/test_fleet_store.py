@@ -15,7 +15,7 @@ import pytest
 import yaml
 
 from xdplb.lab import Lab, cleanup_stale
-from xdplb.lab.cluster import bgp_section
+from xdplb.lab.cluster import bgp_section, wait_route
 from xdplb.lab.etcd import Etcd
 from xdplb.lab.host import attach_host
 from xdplb.lab.lbnode import LbNode
@@ -75,6 +75,11 @@ def wait_all(nodes: list[LbNode], what: str, until: Any) -> None:
         wait_for(lambda n=n: cluster(n), f"{n.node}: {what}", until=until, timeout=20)
 
 
+def announced(lab: Lab) -> None:
+    """Until the router routes the VIP over both nodes (they announce what they serve)."""
+    wait_route(lab, [VIP], lab.lbs, "the router routing the VIP over both nodes")
+
+
 def tables(node: LbNode) -> dict[str, Any]:
     with node.maps() as maps:
         snap = maps.snapshot()
@@ -129,6 +134,7 @@ def test_a_node_that_loses_the_store_keeps_serving_and_catches_up(
     addrs = [str(lab.addr(b)) for b in lab.backends]
     rev = etcd.put(KEY, document(lab, addrs))
     wait_all(nodes, f"serving revision {rev}", until=lambda st: st["revision"] == rev)
+    announced(lab)
 
     etcd.kill()
     wait_all(nodes, "the store unreachable", until=lambda st: not st["connected"] and st["error"])
@@ -148,5 +154,92 @@ def test_a_node_that_loses_the_store_keeps_serving_and_catches_up(
         lambda: [n["node"] for n in cluster(nodes[0])["nodes"]],
         "the stopped node's report gone",
         until=lambda names: names == [nodes[0].instance],
+        timeout=20,
+    )
+
+
+def checked_document(lab: Lab) -> str:
+    check = {
+        "checker": {"http": {"uri": "/", "codes": [200]}},
+        "interval_ms": 300,
+        "timeout_ms": 200,
+        "fall_count": 2,
+        "rise_count": 2,
+    }
+    backends = [{"address": str(lab.addr(b))} for b in lab.backends]
+    vips = [{"address": VIP, "port": 80, "health": check, "backends": backends}]
+    return yaml.safe_dump({"vips": vips})
+
+
+def backend_views(node: LbNode, addr: str) -> tuple[str, int]:
+    """The node's own health verdict on ``addr`` and its effective weight (what the
+    table is built from)."""
+    with node.api() as api:
+        st = api.get("/api/v1/status").json()
+    (b,) = [b for b in st["vips"][0]["backends"] if b["address"] == addr]
+    return b["health"], b["effective_weight"]
+
+
+def test_health_is_agreed_a_flap_seen_by_one_node_moves_no_table(
+    lab: Lab, fleet: tuple[Etcd, list[LbNode]]
+) -> None:
+    """Each node publishes what its checks see; a backend is down where more than half of
+    the live nodes see it down. One node of two losing its checks of b1 (b1 cannot answer
+    that node) changes nobody's table; both losing them takes b1 out of both."""
+    etcd, nodes = fleet
+    b1 = str(lab.addr(lab.backends[0]))
+    rev = etcd.put(KEY, checked_document(lab))
+    wait_all(
+        nodes,
+        "b1 checked up by both nodes, tables alike",
+        until=lambda st: (
+            st["revision"] == rev
+            and len(st["nodes"]) == 2
+            and not any(n["tables_differ"] for n in st["nodes"])
+        ),
+    )
+    for n in nodes:
+        wait_for(
+            lambda n=n: backend_views(n, b1),
+            f"{n.node} checking b1 up",
+            until=lambda v: v[0] == "up",
+        )
+    before = [tables(n)[VIP] for n in nodes]
+    assert before[0] == before[1]
+
+    def blackhole(node: LbNode, on: bool) -> None:
+        """b1's answers to ``node``'s checks go nowhere."""
+        verb = "add" if on else "del"
+        lab.run(lab.backends[0], ["ip", "route", verb, "blackhole", f"{lab.addr(node.node)}/32"])
+
+    blackhole(nodes[0], True)
+    try:
+        wait_for(
+            lambda: backend_views(nodes[0], b1), "lb seeing b1 down", until=lambda v: v[0] == "down"
+        )
+        # The other node sees it up: 1 of 2 is no majority. Nobody's table moves.
+        assert backend_views(nodes[1], b1)[0] == "up"
+        for n in nodes:
+            assert backend_views(n, b1)[1] > 0
+        assert [tables(n)[VIP] for n in nodes] == before
+        assert "by the fleet's agreement" not in nodes[0].log_tail(50)
+
+        blackhole(nodes[1], True)
+        wait_for(
+            lambda: [tables(n)[VIP] for n in nodes],
+            "b1 out of both tables, alike",
+            until=lambda t: t[0] == t[1] and t[0] != before[0],
+            timeout=20,
+        )
+        for n in nodes:
+            assert backend_views(n, b1) == ("down", 0)
+            assert f"backend {b1} is down by the fleet's agreement" in n.log_tail(50)
+    finally:
+        blackhole(nodes[0], False)
+        blackhole(nodes[1], False)
+    wait_for(
+        lambda: [tables(n)[VIP] for n in nodes],
+        "b1 back in both tables",
+        until=lambda t: t == before,
         timeout=20,
     )

@@ -8,7 +8,7 @@ import ipaddress
 import numpy as np
 import pytest
 
-from xdplb.cluster.store import FleetMember, NodeReport, table_digests
+from xdplb.cluster.store import FleetMember, NodeReport, agreed_down, table_digests
 from xdplb.config import fleet_config, parse_config
 from xdplb.control.planner import vip_key
 from xdplb.core.errors import ConfigError
@@ -96,3 +96,27 @@ def test_status_names_the_tables_that_differ() -> None:
     assert st.nodes[1].refused_revision == 6
     assert NodeReport.decode(mine.encode()) == mine
     assert NodeReport.decode(b"not json") is None and NodeReport.decode(b"[1]") is None
+
+
+def test_agreed_down_is_a_majority_of_the_reports_on_a_member() -> None:
+    def rep(node: str, **health: bool) -> NodeReport:
+        return NodeReport(
+            node, 1, health={"v": {a.replace("_", "."): up for a, up in health.items()}}
+        )
+
+    a, b = "198_18_0_11", "198_18_0_12"
+    three = [
+        rep("n1", **{a: False, b: False}),
+        rep("n2", **{a: False, b: True}),
+        rep("n3", **{a: True}),
+    ]
+    # a: 2 of 3 down; b: 1 of 2 down (n3 has not checked it), a tie: up.
+    assert agreed_down(three) == {("v", A("198.18.0.11"))}
+    # Two nodes that disagree: up (a flap seen by one node moves no table).
+    assert agreed_down(three[1:]) == frozenset()
+    assert agreed_down([rep("n1", **{a: False})]) == {("v", A("198.18.0.11"))}
+    assert agreed_down([]) == frozenset()
+    # Any order of the same reports: the same answer.
+    assert agreed_down(three[::-1]) == agreed_down(three)
+    # A name that is no address (another writer's) is not counted.
+    assert agreed_down([NodeReport("x", 1, health={"v": {"nope": False}})]) == frozenset()

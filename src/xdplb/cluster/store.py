@@ -19,10 +19,11 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import hashlib
+import ipaddress
 import json
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import asdict, dataclass, field
 
 import aetcd
@@ -30,6 +31,7 @@ import aetcd.exceptions
 import numpy as np
 
 from xdplb.config.schema import ClusterConfig, Config
+from xdplb.control.overlay import Member
 from xdplb.control.planner import vip_key
 from xdplb.control.status import FleetNode, StoreStatus
 from xdplb.core.state import Snapshot
@@ -41,6 +43,9 @@ STORE_ERRORS = (aetcd.exceptions.ClientError, OSError, asyncio.TimeoutError)
 #: Seconds one call to the store may take.
 CALL_TIMEOUT = 2
 RETRY = 1.0
+#: Seconds between two reads of the nodes' reports (and publications of this one's,
+#: which also go out at once when this node's checks change their verdict).
+READ_INTERVAL = 0.5
 
 
 @dataclass(frozen=True)
@@ -54,6 +59,8 @@ class NodeReport:
     refused_error: str = ""
     tables: dict[str, str] = field(default_factory=dict)
     announced: list[str] = field(default_factory=list)
+    #: What its own health checks see: VIP name -> backend address -> up.
+    health: dict[str, dict[str, bool]] = field(default_factory=dict)
     at: float = 0.0
 
     def encode(self) -> bytes:
@@ -93,12 +100,21 @@ class FleetMember:
     """This node in the store: follows the fleet's document, publishes its report."""
 
     def __init__(
-        self, cfg: ClusterConfig, node: str, apply: Apply, report: Callable[[], NodeReport]
+        self,
+        cfg: ClusterConfig,
+        node: str,
+        apply: Apply,
+        report: Callable[[], NodeReport],
+        agree: Callable[[frozenset[Member] | None], None] = lambda down: None,
     ) -> None:
         self.cfg = cfg
         self.node = node
         self._apply = apply
         self._report = report
+        #: Called with the members the live nodes agree are down after every read of
+        #: the reports, and with None when the store is lost (the node's own view then).
+        self._agree = agree
+        self._poke = asyncio.Event()
         self.state = StoreState()
         prefix = cfg.prefix.encode()
         self.config_key = prefix + b"/config"
@@ -112,6 +128,10 @@ class FleetMember:
         else:
             st.refused_revision, st.refused_error = revision, why
 
+    def poke(self) -> None:
+        """Publish now (this node's checks changed their verdict), not at the next tick."""
+        self._poke.set()
+
     def report(self) -> NodeReport:
         st = self.state
         base = self._report()
@@ -122,6 +142,7 @@ class FleetMember:
             refused_error=st.refused_error,
             tables=base.tables,
             announced=base.announced,
+            health=base.health,
             at=time.time(),
         )
 
@@ -175,6 +196,7 @@ class FleetMember:
                     )
                 self.state.connected = False
                 self.state.error = str(e) or type(e).__name__
+                self._agree(None)
             await asyncio.sleep(RETRY)
 
     async def _session(self, client: aetcd.Client) -> None:
@@ -188,22 +210,29 @@ class FleetMember:
                 "store %s: connected, serving revision %s", self.cfg.store, self.state.revision
             )
         self.state.connected, self.state.error = True, ""
+        refreshed = time.monotonic()
         try:
             while True:
+                self._poke.clear()
                 await client.put(
                     self.nodes_prefix + self.node.encode(), self.report().encode(), lease=lease
                 )
-                await lease.refresh()
+                if time.monotonic() - refreshed >= self.cfg.lease_ttl / 3:
+                    await lease.refresh()
+                    refreshed = time.monotonic()
                 nodes = {}
                 for kv in await client.get_prefix(self.nodes_prefix):
                     rep = NodeReport.decode(kv.value)
                     if rep is not None:
                         nodes[rep.node] = rep
                 self.state.nodes = nodes
+                self._agree(agreed_down(nodes.values()))
                 if watch.done():
                     watch.result()  # the watch's error: a new session
                     raise aetcd.exceptions.ClientError("the watch ended")
-                await asyncio.sleep(self.cfg.lease_ttl / 3)
+                with contextlib.suppress(TimeoutError):
+                    async with asyncio.timeout(READ_INTERVAL):
+                        await self._poke.wait()
         finally:
             watch.cancel()
             with contextlib.suppress(*STORE_ERRORS):
@@ -216,6 +245,25 @@ class FleetMember:
         async for ev in events:
             if ev.kind == aetcd.rtypes.EventKind.PUT:
                 self._take(ev.kv.value, ev.kv.mod_revision)
+
+
+def agreed_down(reports: Iterable[NodeReport]) -> frozenset[Member]:
+    """The members down by the fleet's agreement: those that more than half of the nodes
+    reporting on them see down (a tie is up). One function of the live nodes' reports,
+    so every node that reads the same reports builds the same tables."""
+    votes: dict[tuple[str, str], list[bool]] = {}
+    for r in reports:
+        for vip, backends in r.health.items():
+            for addr, up in backends.items():
+                votes.setdefault((vip, addr), []).append(bool(up))
+    out = set()
+    for (vip, addr), v in votes.items():
+        if 2 * v.count(False) > len(v):
+            try:
+                out.add((vip, ipaddress.ip_address(addr)))
+            except ValueError:  # not an address: another writer's, not counted
+                continue
+    return frozenset(out)
 
 
 def table_digests(cfg: Config, snap: Snapshot | None) -> dict[str, str]:

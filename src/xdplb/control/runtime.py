@@ -122,7 +122,12 @@ class Runtime:
         self.applied: Snapshot | None = None
         #: Drained (or draining) members, with when the drain began (monotonic).
         self.drains: dict[Member, float] = self._load_admin()
+        #: Members this node's own health checks see down.
         self.down: set[Member] = set()
+        #: With a fleet store: the members the live nodes agree are down (a majority of
+        #: their reports, xdplb.cluster.store.agreed_down), what tables are built from;
+        #: None: this node's own view (no store, or the store is unreachable).
+        self.agreed_down: frozenset[Member] | None = None
         self.last_live: dict[str, dict[IPAddress, int]] = {}
         self.all_down: set[str] = set()
         self.counts = ConnectionCounts()
@@ -131,6 +136,9 @@ class Runtime:
         self.targets = HealthTargets(self.instance)
         #: Set by the daemon: called when something changed that needs a new plan.
         self.wake: Callable[[], None] = lambda: None
+        #: Set by the daemon: called when this node's own checks change their verdict (the
+        #: fleet's store hears of it at once).
+        self.on_local_health: Callable[[], None] = lambda: None
         #: Set by the daemon: the node's BGP view (with a bgp section) and its view of
         #: the fleet's store (with a cluster section), for the status.
         self.bgp_view: Callable[[], BgpStatus | None] = lambda: None
@@ -239,13 +247,13 @@ class Runtime:
         self.health.set_targets(self.targets.update(cfg))
         members = {(v.name, b.address) for v in cfg.vips for b in v.backends}
         self.down &= members
+        if self.agreed_down is not None:
+            self.agreed_down &= members
         if self.drains.keys() - members:
             self.drains = {m: t for m, t in self.drains.items() if m in members}
             self._save_admin()
         weighted = self.feedback.effective(cfg) if self.feedback is not None else cfg
-        eff = effective(
-            weighted, Overlay(frozenset(self.down), frozenset(self.drains)), self.last_live
-        )
+        eff = effective(weighted, Overlay(self._down(), frozenset(self.drains)), self.last_live)
         for name in eff.all_down - self.all_down:
             log.warning(
                 "VIP %s: every backend is down, keeping its last table", name, extra={"vip": name}
@@ -308,6 +316,36 @@ class Runtime:
             self.down.add(member)
         self.dirty = True
         self.wake()
+        self.on_local_health()
+
+    def _down(self) -> frozenset[Member]:
+        return frozenset(self.down) if self.agreed_down is None else self.agreed_down
+
+    def local_health(self) -> dict[str, dict[str, bool]]:
+        """What this node's checks see: VIP name -> backend address -> up, for every
+        member checked at least once (what it publishes to the fleet's store)."""
+        out: dict[str, dict[str, bool]] = {}
+        for vip in self.running.vips:
+            for b in vip.backends:
+                hs = self.health.state((vip.name, b.address))
+                if hs is not None and hs.checked:
+                    out.setdefault(vip.name, {})[str(b.address)] = hs.up
+        return out
+
+    def set_agreed_down(self, down: frozenset[Member] | None) -> None:
+        """The fleet's agreed view of which members are down (None: back to this node's
+        own); a change is planned at once."""
+        if down == self.agreed_down:
+            return
+        before, after = self._down(), (frozenset(self.down) if down is None else down)
+        self.agreed_down = down
+        for vip, addr in sorted(after - before, key=str):
+            log.warning("VIP %s: backend %s is down by the fleet's agreement", vip, addr)
+        for vip, addr in sorted(before - after, key=str):
+            log.info("VIP %s: backend %s is up by the fleet's agreement", vip, addr)
+        if before != after:
+            self.dirty = True
+            self.wake()
 
     def on_reports(self, reports: Sequence[LoadReport], now: float) -> None:
         """Reports from the agents: open connections, and load for load feedback. Only
@@ -621,7 +659,7 @@ class Runtime:
         agents' reports, weights."""
         weighted = self.feedback.effective(self.running) if self.feedback else self.running
         eff = effective(
-            weighted, Overlay(frozenset(self.down), frozenset(self.drains)), self.last_live
+            weighted, Overlay(self._down(), frozenset(self.drains)), self.last_live
         ).config
         now = time.monotonic()
         vips = []

@@ -276,8 +276,15 @@ class Daemon:
         if self.announcer is not None:
             tasks.append(asyncio.create_task(self._announce(self.announcer), name="bgp"))
         if (cluster := rt.running.cluster) is not None:
-            fleet = FleetMember(cluster, cluster.node or rt.instance, rt.apply_fleet, self._report)
+            fleet = FleetMember(
+                cluster,
+                cluster.node or rt.instance,
+                rt.apply_fleet,
+                self._report,
+                rt.set_agreed_down,
+            )
             rt.store_view = fleet.status
+            rt.on_local_health = fleet.poke
             tasks.append(asyncio.create_task(fleet.run(), name="store"))
         self._banner(token is not None)
         last_plan = time.monotonic()
@@ -343,7 +350,13 @@ class Daemon:
         """What this node serves, for the fleet's store (FleetMember adds the rest)."""
         announced = self.announcer.announced if self.announcer is not None else []
         tables = table_digests(self.rt.running, self.rt.applied)
-        return NodeReport(node="", revision=None, tables=tables, announced=announced)
+        return NodeReport(
+            node="",
+            revision=None,
+            tables=tables,
+            announced=announced,
+            health=self.rt.local_health(),
+        )
 
     async def _withdraw(self, announcer: Announcer) -> None:
         """Withdraw every VIP, give the routers ``bgp.drain`` seconds to move the flows
