@@ -1,4 +1,5 @@
-"""The fleet's store: from a revision written to etcd to its table live on every node.
+"""The fleet's store: from a revision written to etcd to its table live on every node,
+and from a backend failing to every node agreeing it is down.
 
     .venv/bin/python bench/fleet_bench.py [--rounds 10] [--out FILE]
 
@@ -8,7 +9,14 @@ store and no VIP. Each round writes a revision of the fleet's document that chan
 VIP's backends (three, then two, in turn) and times, from just before ``etcdctl put``,
 until every node's lookup table in its pinned maps has the new backends' shares (read
 back to back). ``put_ms`` is ``etcdctl``'s own time (a process start in a namespace),
-included in ``live_ms``. Needs root.
+included in ``live_ms``.
+
+Then the failures: the VIP checked over HTTP every 300 ms (fall and rise after 2), each
+round makes b1 stop answering every node's checks (a blackhole route on b1 to the three
+nodes' addresses, set one after the other, a few ms) and times until every node's table has
+dropped b1 (``agreed_ms``: the checks' fall, each node's report, the others reading it
+every 0.5 s, the plan); then b1 answers again and the round waits for it to be back
+everywhere. Needs root.
 """
 
 from __future__ import annotations
@@ -31,7 +39,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench import cpu_model
 from xdplb.lab import Lab, cleanup_stale
 from xdplb.lab.etcd import Etcd
+from xdplb.lab.host import attach_host
 from xdplb.lab.lbnode import LbNode
+from xdplb.lab.wait import wait_for
 
 VIP = "198.18.100.1"
 KEY = "/xdplb/config"
@@ -75,6 +85,60 @@ def _round(etcd: Etcd, nodes: list[LbNode], backends: list[str]) -> dict[str, fl
     }
 
 
+def checked(backends: list[str]) -> str:
+    check = {
+        "checker": {"http": {"uri": "/", "codes": [200]}},
+        "interval_ms": 300,
+        "timeout_ms": 200,
+        "fall_count": 2,
+        "rise_count": 2,
+    }
+    vip = {
+        "address": VIP,
+        "port": 80,
+        "health": check,
+        "backends": [{"address": b} for b in backends],
+    }
+    return yaml.safe_dump({"vips": [vip]})
+
+
+def wait_serving(nodes: list[LbNode], want: set[str], t0: float) -> list[float]:
+    """Until every node's table sends to ``want``; seconds from ``t0``, per node."""
+    pending, at = list(nodes), {}
+    while pending:
+        if time.monotonic() - t0 > TIMEOUT:
+            raise TimeoutError(f"{[n.node for n in pending]} not serving {want} after {TIMEOUT} s")
+        for n in list(pending):
+            if serving(n) == want:
+                at[n.node] = time.monotonic() - t0
+                pending.remove(n)
+    return list(at.values())
+
+
+def checks_up(node: LbNode) -> bool:
+    with node.api() as api:
+        st = api.get("/api/v1/status").json()
+    return bool(st["vips"]) and all(b["health"] == "up" for b in st["vips"][0]["backends"])
+
+
+def _failure(lab: Lab, nodes: list[LbNode], addrs: list[str]) -> dict[str, float]:
+    """b1 stops answering every node's checks; until every table has dropped it."""
+    b1 = lab.backends[0]
+    routes = [f"{lab.addr(n.node)}/32" for n in nodes]
+
+    def blackholes(verb: str) -> None:
+        for r in routes:
+            lab.run(b1, ["ip", "route", verb, "blackhole", r])
+
+    t0 = time.monotonic()
+    blackholes("add")
+    agreed = wait_serving(nodes, set(addrs[1:]), t0)
+    t1 = time.monotonic()
+    blackholes("del")
+    back = wait_serving(nodes, set(addrs), t1)
+    return {"agreed_ms": round(max(agreed) * 1000, 1), "back_ms": round(max(back) * 1000, 1)}
+
+
 def run(rounds: int = 10) -> dict[str, Any]:
     if os.geteuid() != 0:
         raise PermissionError("the fleet benchmark needs root (network namespaces, BPF)")
@@ -88,6 +152,14 @@ def run(rounds: int = 10) -> dict[str, Any]:
             n.start()
         addrs = [str(lab.addr(b)) for b in lab.backends]
         results = [_round(etcd, nodes, addrs if r % 2 == 0 else addrs[:2]) for r in range(rounds)]
+        for b in lab.backends:
+            attach_host(lab, b)  # host_tc: the checks come through the tunnel
+        lab.start_servers()
+        etcd.put(KEY, checked(addrs))
+        wait_serving(nodes, set(addrs), time.monotonic())
+        for n in nodes:  # every node's own checks up (not the fail-open of all down)
+            wait_for(lambda n=n: checks_up(n), f"{n.node}'s checks up", timeout=TIMEOUT)
+        failures = [_failure(lab, nodes, addrs) for _ in range(rounds)]
         etcd.kill()
     live = [r["live_ms"] for r in results]
     return {
@@ -98,8 +170,14 @@ def run(rounds: int = 10) -> dict[str, Any]:
                 "max": max(live),
             },
             "put_ms_median": statistics.median(r["put_ms"] for r in results),
+            "agreed_ms": {
+                "min": min(f["agreed_ms"] for f in failures),
+                "median": statistics.median(f["agreed_ms"] for f in failures),
+                "max": max(f["agreed_ms"] for f in failures),
+            },
         },
         "rounds": results,
+        "failures": failures,
         "meta": {
             "lb_nodes": len(nodes),
             "etcd": "Debian etcd-server, one member",
@@ -123,12 +201,16 @@ def main(argv: list[str] | None = None) -> int:
     if args.out is not None:
         args.out.parent.mkdir(parents=True, exist_ok=True)
         args.out.write_text(text + "\n")
-    s = res["summary"]["live_ms"]
-    print(
-        f"revision to every node's table: min {s['min']:.0f} median {s['median']:.0f} "
-        f"max {s['max']:.0f} ms; CPU: {res['meta']['cpu_model']}",
-        file=sys.stderr,
-    )
+    for key, what in (
+        ("live_ms", "revision to every node's table"),
+        ("agreed_ms", "failure to every node agreeing"),
+    ):
+        s = res["summary"][key]
+        print(
+            f"{what}: min {s['min']:.0f} median {s['median']:.0f} max {s['max']:.0f} ms",
+            file=sys.stderr,
+        )
+    print(f"CPU: {res['meta']['cpu_model']}", file=sys.stderr)
     return 0
 
 
