@@ -101,6 +101,7 @@ def test_nodes_serve_each_revision_and_refuse_a_bad_one_alike(
             and all(n["revision"] == rev and not n["tables_differ"] for n in st["nodes"])
         ),
     )
+    announced(lab)
     assert http_post(lab.ns("client"), VIP, 80, b"x") in lab.backends
     before = [tables(n) for n in nodes]
     assert list(before[0]) == [VIP] and before[0][VIP] == before[1][VIP]
@@ -243,3 +244,74 @@ def test_health_is_agreed_a_flap_seen_by_one_node_moves_no_table(
         until=lambda t: t == before,
         timeout=20,
     )
+
+
+def beamer_document(lab: Lab, weights: tuple[int, ...]) -> str:
+    backends = [
+        {"address": str(lab.addr(b)), "weight": w}
+        for b, w in zip(lab.backends, weights, strict=True)
+    ]
+    policy = {"min_interval": 0, "max_step": 1.0}
+    vips = [{"address": VIP, "port": 80, "table": "beamer", "beamer": policy, "backends": backends}]
+    return yaml.safe_dump({"vips": vips})
+
+
+def test_beamer_tables_and_their_history_live_in_the_store(
+    lab: Lab, fleet: tuple[Etcd, list[LbNode]]
+) -> None:
+    """One node steps the Beamer tables (the live one with the lowest name) and publishes
+    them; the others serve them as they are. A node that was down through three weight
+    changes comes back to the same hop lists, history included (built on its own from
+    the last weights it would hold one run per backend and no previous hop); when the
+    stepping node dies, the other steps on from the store's table."""
+    etcd, nodes = fleet
+
+    def same_tables(rev: int) -> None:
+        wait_all(
+            nodes,
+            f"serving revision {rev}, Beamer tables alike",
+            until=lambda st: (
+                st["revision"] == rev
+                and len(st["nodes"]) == 2
+                and all(n["revision"] == rev and not n["tables_differ"] for n in st["nodes"])
+            ),
+        )
+        first, second = (tables(n)[VIP] for n in nodes)
+        assert first == second
+
+    same_tables(etcd.put(KEY, beamer_document(lab, (1, 1, 1))))
+
+    nodes[1].stop_daemon()
+    for weights in ((2, 1, 1), (1, 2, 1), (1, 1, 3)):
+        rev = etcd.put(KEY, beamer_document(lab, weights))
+        wait_for(
+            lambda: cluster(nodes[0]),
+            f"lb serving {weights}",
+            until=lambda st, rev=rev: st["revision"] == rev,  # type: ignore[misc]
+        )
+    stepped = tables(nodes[0])[VIP]
+    assert stepped.rest is not None  # buckets that moved keep their previous owners
+
+    nodes[1].start(wait=False)  # its file has no VIP: the store's document brings it
+    same_tables(rev)
+
+    # The stepping node dies; the other steps on from the table in the store.
+    nodes[0].proc.kill()  # type: ignore[union-attr]
+    nodes[0].proc.wait()  # type: ignore[union-attr]
+    wait_for(
+        lambda: [n["node"] for n in cluster(nodes[1])["nodes"]],
+        "lb's report gone (its lease ended)",
+        until=lambda names: names == [nodes[1].instance],
+        timeout=20,
+    )
+    rev = etcd.put(KEY, beamer_document(lab, (1, 1, 1)))
+    wait_for(
+        lambda: cluster(nodes[1]),
+        "lb2 serving the new weights",
+        until=lambda st: st["revision"] == rev,
+    )
+    nodes[0].start(wait=False)
+    same_tables(rev)
+    final = tables(nodes[1])[VIP]
+    # Stepped on from the stored history, not rebuilt: previous hops still there.
+    assert final.rest is not None and final != stepped

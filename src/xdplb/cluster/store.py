@@ -23,7 +23,7 @@ import ipaddress
 import json
 import logging
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import asdict, dataclass, field
 
 import aetcd
@@ -106,6 +106,8 @@ class FleetMember:
         apply: Apply,
         report: Callable[[], NodeReport],
         agree: Callable[[frozenset[Member] | None], None] = lambda down: None,
+        tables: Callable[[], dict[str, bytes]] = dict,
+        adopt: Callable[[Mapping[str, bytes], bool], None] = lambda tables, follow: None,
     ) -> None:
         self.cfg = cfg
         self.node = node
@@ -114,11 +116,21 @@ class FleetMember:
         #: Called with the members the live nodes agree are down after every read of
         #: the reports, and with None when the store is lost (the node's own view then).
         self._agree = agree
+        #: The Beamer tables built here, by VIP name (what the leader publishes), and
+        #: where the store's go (``adopt(tables, follow)``: follow them as they are, or
+        #: step on from them as the new leader).
+        self._tables = tables
+        self._adopt = adopt
+        self._leading = False
+        self._written: dict[str, bytes] = {}
+        self._read: dict[bytes, tuple[int, bytes]] = {}
+        self._adopted: tuple[bool, tuple[tuple[bytes, int], ...]] | None = None
         self._poke = asyncio.Event()
         self.state = StoreState()
         prefix = cfg.prefix.encode()
         self.config_key = prefix + b"/config"
         self.nodes_prefix = prefix + b"/nodes/"
+        self.beamer_prefix = prefix + b"/beamer/"
 
     def _take(self, value: bytes, revision: int) -> None:
         why = self._apply(value, revision)
@@ -197,13 +209,18 @@ class FleetMember:
                 self.state.connected = False
                 self.state.error = str(e) or type(e).__name__
                 self._agree(None)
+                self._adopt({}, False)  # no leader to follow: step here
+                self._leading, self._adopted = False, None
             await asyncio.sleep(RETRY)
 
     async def _session(self, client: aetcd.Client) -> None:
-        got = await client.get(self.config_key)
+        # The watch starts right after the revision read: nothing written in between is
+        # missed (a watch "from now" would start when its task first runs).
+        rng = await client.get_prefix(self.config_key)
+        got = next((kv for kv in rng if kv.key == self.config_key), None)
         if got is not None and got.mod_revision != self.state.revision:
             self._take(got.value, got.mod_revision)
-        watch = asyncio.create_task(self._watch(client, got.mod_revision + 1 if got else None))
+        watch = asyncio.create_task(self._watch(client, rng.header.revision + 1))
         lease = await client.lease(self.cfg.lease_ttl)
         if not self.state.connected:
             log.info(
@@ -227,6 +244,7 @@ class FleetMember:
                         nodes[rep.node] = rep
                 self.state.nodes = nodes
                 self._agree(agreed_down(nodes.values()))
+                await self._share_beamer(client, nodes)
                 if watch.done():
                     watch.result()  # the watch's error: a new session
                     raise aetcd.exceptions.ClientError("the watch ended")
@@ -238,7 +256,47 @@ class FleetMember:
             with contextlib.suppress(*STORE_ERRORS):
                 await lease.revoke()
 
-    async def _watch(self, client: aetcd.Client, start: int | None) -> None:
+    async def _share_beamer(self, client: aetcd.Client, nodes: Mapping[str, NodeReport]) -> None:
+        """One node steps the Beamer tables, the live node with the lowest name (every
+        node that reads the same reports agrees on it): it publishes each table it builds,
+        the others serve what it published. A node that becomes the leader starts from
+        the store's tables (a table's history outlives the node that made it)."""
+        leader = self.node in nodes and min(nodes) == self.node
+        if not leader:
+            self._leading = False
+            self._written.clear()
+            stored = await self._stored_tables(client)
+            seen = (True, tuple(sorted((k, r) for k, (r, _) in self._read.items())))
+            if seen != self._adopted:  # only what changed is decoded again
+                self._adopt(stored, True)
+                self._adopted = seen
+            return
+        if not self._leading:
+            self._adopt(await self._stored_tables(client), False)
+            self._adopted = None
+            self._leading = True
+        for name, raw in self._tables().items():
+            if self._written.get(name) != raw:
+                await client.put(self.beamer_prefix + name.encode(), raw)
+                self._written[name] = raw
+
+    async def _stored_tables(self, client: aetcd.Client) -> dict[str, bytes]:
+        """The store's Beamer tables by VIP name; a value is fetched only when its key's
+        revision moved since the last read."""
+        keys = {
+            kv.key: kv.mod_revision
+            for kv in await client.get_prefix(self.beamer_prefix, keys_only=True)
+        }
+        for key, rev in keys.items():
+            if self._read.get(key, (None,))[0] != rev:
+                got = await client.get(key)
+                if got is not None:
+                    self._read[key] = (got.mod_revision, got.value)
+        self._read = {k: v for k, v in self._read.items() if k in keys}
+        start = len(self.beamer_prefix)
+        return {k[start:].decode(errors="replace"): v for k, (_, v) in self._read.items()}
+
+    async def _watch(self, client: aetcd.Client, start: int) -> None:
         """Every later revision of the document (a deletion changes nothing: the node
         keeps serving the last one)."""
         events = await client.watch(self.config_key, start_revision=start)

@@ -188,6 +188,9 @@ class BeamerMemory:
 
     table: beamer.BeamerTable
     changed_at: float
+    #: Taken from the fleet's store, not yet in the maps: the table to serve (and step
+    #: on from), whatever the maps hold.
+    adopted: bool = False
 
 
 def _beamer_table(
@@ -198,22 +201,38 @@ def _beamer_table(
     memory: BeamerMemory | None,
     now: float,
     keep: Collection[int] = (),
+    follow: bool = False,
 ) -> beamer.BeamerTable | None:
     """The VIP's next Beamer table, or None to keep ``current`` as it is. ``keep``: backend
-    ids that may hold connections of the VIP (never pushed off a hop list)."""
-    if current is None or len(current) != size:
+    ids that may hold connections of the VIP (never pushed off a hop list). ``follow``:
+    another node steps the table (the fleet's store): ``memory``'s table, adopted from
+    it, is served as it is."""
+    if memory is not None and memory.table.size == size:
+        if memory.adopted or memory.table.to_lookup_table() == current:
+            table, last = memory.table, memory.changed_at
+            # Following, it is served as it is, unless it still sends new flows to a
+            # backend without weight here (removed, down, drained): that one moves now,
+            # without waiting for the node that steps.
+            if follow and all(weights.get(i, 0) for i in table.counts()):
+                return table
+        elif current is None or len(current) != size:
+            return beamer.build(weights, size)
+        else:  # a restarted daemon: the hops are in the map, the buckets' ages are not
+            table, last = beamer.from_lookup_table(current), None
+    elif current is None or len(current) != size:
         return beamer.build(weights, size)
-    if memory is not None and memory.table.to_lookup_table() == current:
-        table, last = memory.table, memory.changed_at
-    else:  # a restarted daemon: the hops are in the map, the buckets' ages are not
+    else:
         table, last = beamer.from_lookup_table(current), None
     policy = beamer.Policy(min_interval=vip.beamer.min_interval, max_step=vip.beamer.max_step)
-    if any(weights.get(i, 0) == 0 for i in current.counts()):
+    if any(weights.get(i, 0) == 0 for i in table.counts()):
         # A first hop without weight (removed, down or drained) must take no new
         # connection from now on: its buckets move at once, whatever the pace of
         # weight changes. It stays their previous hop for the connections it has.
         policy = beamer.Policy(min_interval=0.0, max_step=1.0)
-    return beamer.Scheduler(policy).step(table, weights, now, last, keep)
+    stepped = beamer.Scheduler(policy).step(table, weights, now, last, keep)
+    if stepped is None and memory is not None and memory.adopted:
+        return table  # no step due: the adopted table as it is
+    return stepped
 
 
 #: Member states whose UDP sessions are live (lb_select.h's lb_conn_lookup).
@@ -258,6 +277,7 @@ def plan(
     members: MemberOverrides | None = None,
     hz: int = DEFAULT_HZ,
     holding: Mapping[str, Collection[IPAddress]] | None = None,
+    follow: bool = False,
 ) -> list[Op]:
     """The operations that turn ``current`` into the state ``cfg`` describes.
 
@@ -269,7 +289,8 @@ def plan(
     ``hz``: the kernel's HZ (``xdplb.datapath.clock.hz``), the session clock's rate.
     ``holding``: VIP name -> the backend addresses that may still hold connections of
     that VIP; a Beamer step never pushes one of them off a bucket's hop list
-    (:func:`beamer.adjust`'s ``keep``).
+    (:func:`beamer.adjust`'s ``keep``). ``follow``: Beamer tables are served as
+    ``memory`` holds them (adopted from the node that steps them), not stepped here.
     """
     memory = memory or {}
     holding = holding or {}
@@ -356,7 +377,7 @@ def plan(
             if any(by_id.values()):
                 held = holding.get(vip.name, ())
                 keep = [i for i, b in current.backends.items() if b.addr in held]
-                bt = _beamer_table(vip, by_id, size, cur, memory.get(vip_id), now, keep)
+                bt = _beamer_table(vip, by_id, size, cur, memory.get(vip_id), now, keep, follow)
                 table = bt.to_lookup_table() if bt is not None else cur
             else:
                 table = None

@@ -22,7 +22,7 @@ import logging
 import os
 import socket
 import time
-from collections.abc import Callable, Hashable, Sequence
+from collections.abc import Callable, Hashable, Mapping, Sequence
 from pathlib import Path
 
 import yaml
@@ -37,7 +37,7 @@ from xdplb.config import (
     fleet_config,
     load_config,
 )
-from xdplb.control import planner
+from xdplb.control import beamer_share, planner
 from xdplb.control.caller import caller
 from xdplb.control.diff import diff, dropped
 from xdplb.control.drain import ConnectionCounts, Count, PacketIdle, drain_done, udp_drain_done
@@ -72,6 +72,7 @@ from xdplb.datapath.lb import LbDatapath, MapFill, check_pins
 from xdplb.datapath.upgrade import Upgrade, describe, new_maps_of
 from xdplb.health import HealthMonitor
 from xdplb.health.targets import HealthTargets
+from xdplb.tables.beamer import BeamerTable
 
 log = logging.getLogger("xdplb.control.runtime")
 
@@ -115,6 +116,13 @@ class Runtime:
         self.hz = clock.hz()
         #: Beamer tables as last built, by vip id (the maps hold hops, not history).
         self.memory: dict[int, planner.BeamerMemory] = {}
+        #: Another node of the fleet steps the Beamer tables: serve the ones adopted from
+        #: the store (:meth:`adopt_beamer`) as they are.
+        self.beamer_follow = False
+        #: Wall-clock time of each Beamer table's last change, by vip id (for the store),
+        #: and each table as last encoded for it.
+        self.beamer_at: dict[int, float] = {}
+        self._beamer_encoded: dict[int, tuple[BeamerTable, bytes]] = {}
         self.feedback: WeightFeedback | None = None
         #: Some Beamer table still has steps to take (see planner.beamer_pending).
         self.beamer_pending = False
@@ -269,12 +277,16 @@ class Runtime:
             members=eff.members,
             hz=self.hz,
             holding=self._holding(wanted, snap),
+            follow=self.beamer_follow,
         )
         t0 = time.perf_counter()
         self.dp.apply(ops)
         for op in ops:
             if isinstance(op, planner.PutBeamerTable):
                 self.memory[op.vip_id] = planner.BeamerMemory(op.beamer_table, now)
+                self.beamer_at.setdefault(op.vip_id, time.time())
+                if not self.beamer_follow:
+                    self.beamer_at[op.vip_id] = time.time()
             elif isinstance(op, PutTable | DeleteTable):
                 self.memory.pop(op.vip_id, None)
         if ops:
@@ -317,6 +329,62 @@ class Runtime:
         self.dirty = True
         self.wake()
         self.on_local_health()
+
+    def beamer_tables(self) -> dict[str, bytes]:
+        """The Beamer tables as built here, by VIP name, for the fleet's store
+        (:mod:`xdplb.control.beamer_share`)."""
+        snap = self.applied
+        if snap is None:
+            return {}
+        addr_of = {i: b.addr for i, b in snap.backends.items()}
+        out = {}
+        for vip in self.running.vips:
+            params = snap.vips.get(planner.vip_key(vip))
+            if params is None or (mem := self.memory.get(params.vip_id)) is None:
+                continue
+            cached = self._beamer_encoded.get(params.vip_id)
+            if cached is None or cached[0] is not mem.table:
+                at = self.beamer_at.get(params.vip_id, 0.0)
+                cached = (mem.table, beamer_share.encode(mem.table, addr_of, at))
+                self._beamer_encoded[params.vip_id] = cached
+            out[vip.name] = cached[1]
+        return out
+
+    def adopt_beamer(self, tables: Mapping[str, bytes], *, follow: bool) -> None:
+        """The Beamer tables of the fleet's store, by VIP name: each becomes this node's
+        memory of its VIP's table (the next plan serves it). ``follow``: another node
+        steps them, so serve them as they are; else (this node steps them from now on)
+        step on from them."""
+        self.beamer_follow = follow
+        snap = self.applied
+        if snap is None:
+            return
+        # Active slots first: an address back after a removal has its old slot too.
+        id_of: dict[IPAddress, int] = {}
+        for i, b in sorted(snap.backends.items(), key=lambda ib: not ib[1].active):
+            id_of.setdefault(b.addr, i)
+        changed = False
+        now = time.monotonic()
+        for vip in self.running.vips:
+            raw = tables.get(vip.name)
+            params = snap.vips.get(planner.vip_key(vip))
+            if raw is None or params is None or vip.table is not TableKindName.BEAMER:
+                continue
+            got = beamer_share.decode(raw, id_of)
+            if got is None:
+                continue
+            table, at = got
+            mem = self.memory.get(params.vip_id)
+            if mem is None or mem.table != table:
+                # Its age on this node's clock: the interval to the next step holds.
+                self.memory[params.vip_id] = planner.BeamerMemory(
+                    table, now - max(0.0, time.time() - at), adopted=True
+                )
+                self.beamer_at[params.vip_id] = at
+                changed = True
+        if changed:
+            self.dirty = True
+            self.wake()
 
     def _down(self) -> frozenset[Member]:
         return frozenset(self.down) if self.agreed_down is None else self.agreed_down

@@ -281,7 +281,9 @@ class Daemon:
                 cluster.node or rt.instance,
                 rt.apply_fleet,
                 self._report,
-                rt.set_agreed_down,
+                agree=rt.set_agreed_down,
+                tables=rt.beamer_tables,
+                adopt=lambda tables, follow: rt.adopt_beamer(tables, follow=follow),
             )
             rt.store_view = fleet.status
             rt.on_local_health = fleet.poke
