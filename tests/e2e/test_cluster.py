@@ -24,6 +24,7 @@ from xdplb.lab.cluster import bgp_section, wait_route
 from xdplb.lab.host import attach_host
 from xdplb.lab.lbnode import LbNode
 from xdplb.lab.traffic import http_post
+from xdplb.lab.wait import wait_for
 
 pytestmark = pytest.mark.e2e
 
@@ -143,3 +144,28 @@ def test_probe_withdraws_a_node_whose_maps_lost_a_vip(cluster: Lab, nodes: list[
     node.reload(vips(lab), bgp=bgp_section(lab))  # the plan finds the VIP missing
     wait_hops(lab, lab.lbs, "the repaired node back in the route")
     assert "self-check passing for" in node.log_tail()
+
+
+def test_a_crashing_daemon_takes_its_node_out(cluster: Lab, nodes: list[LbNode]) -> None:
+    """SIGSEGV, SIGABRT, SIGBUS: a daemon that dies of a crash signal takes its BIRD with
+    it (PR_SET_PDEATHSIG: the kernel's own crash handler, which runs whatever state the
+    process is in), whose sessions end with a Cease: the router drops the node."""
+    lab = cluster
+    wait_hops(lab, lab.lbs, "the router routing the VIPs over every LB node")
+    left = list(lab.lbs)
+    for node, sig in zip(nodes, (signal.SIGSEGV, signal.SIGABRT, signal.SIGBUS), strict=True):
+        proc = node.proc
+        assert proc is not None
+        proc.send_signal(sig)
+        assert proc.wait(10) == -sig
+        left.remove(node.node)
+        wait_hops(lab, left, f"the route without the node killed by {sig.name}")
+        wait_for(
+            lambda node=node: (
+                subprocess.run(  # type: ignore[misc]
+                    ["pgrep", "-a", "-f", f"{node.instance}.bird"], capture_output=True, text=True
+                ).stdout
+            ),
+            "its BIRD gone",
+            until=lambda out: out == "",
+        )
