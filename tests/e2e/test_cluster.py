@@ -169,3 +169,30 @@ def test_a_crashing_daemon_takes_its_node_out(cluster: Lab, nodes: list[LbNode])
             "its BIRD gone",
             until=lambda out: out == "",
         )
+
+
+def test_uplink_down_fences_a_failing_node(cluster: Lab, nodes: list[LbNode]) -> None:
+    """``bgp.uplink_down``: a node whose self-check starts failing also sets its uplink
+    down, and leaves it down; once an operator has fixed the node and set the link up, it
+    announces again."""
+    lab = cluster
+    node = nodes[2]
+    # IPv6 addresses go with a link set down, unless kept (docs/cluster.md).
+    lab.run(node.node, ["sysctl", "-qw", "net.ipv6.conf.eth0.keep_addr_on_down=1"])
+    node.reload(vips(lab), bgp={**bgp_section(lab), "uplink_down": ["eth0"]})
+    wait_hops(lab, lab.lbs, "the router routing the VIPs over every LB node")
+    with node.maps() as maps:
+        vip = next(v for v in maps.snapshot().vips if str(v.addr) == VIP4)
+        maps.apply([DeleteVip(vip)])
+    wait_for(
+        lambda: lab.run(node.node, ["ip", "-o", "link", "show", "eth0"]).stdout,
+        "the node's uplink down",
+        until=lambda out: "state DOWN" in out,
+    )
+    wait_hops(lab, lab.lbs[:2], "the route without the fenced node")
+    assert "bgp.uplink_down: took eth0 down (self-check failed: probe of" in node.log_tail()
+
+    node.reload(vips(lab), bgp={**bgp_section(lab), "uplink_down": ["eth0"]})  # fixed
+    assert "state DOWN" in lab.run(node.node, ["ip", "-o", "link", "show", "eth0"]).stdout
+    lab.run(node.node, ["ip", "link", "set", "eth0", "up"])  # by the operator
+    wait_hops(lab, lab.lbs, "the fenced node back once its link is up")

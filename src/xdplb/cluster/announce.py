@@ -14,6 +14,7 @@ from collections.abc import Iterable
 from pathlib import Path
 
 from xdplb.cluster.bird import Bird, BirdError, Peer, Timers, node_config, static_routes
+from xdplb.cluster.selfcheck import set_interface_down
 from xdplb.config.schema import BgpConfig
 from xdplb.control.status import BgpSession, BgpStatus
 from xdplb.core.addresses import IPAddress
@@ -96,6 +97,11 @@ class Announcer:
         self._set(frozenset(vips))
 
     @property
+    def passing(self) -> bool:
+        """The self-check passed last (the node announces, or will after its hold-down)."""
+        return self._failing is None
+
+    @property
     def announced(self) -> list[str]:
         return sorted(map(str, self._announced))
 
@@ -131,3 +137,20 @@ class Announcer:
         """Stop BIRD (its sessions end with a Cease) and remove its directory."""
         self.bird.stop()
         shutil.rmtree(self.bird.dir, ignore_errors=True)
+
+
+def fence(interfaces: list[str], why: str) -> None:
+    """Set ``interfaces`` down (``bgp.uplink_down``): the routers on their links see them
+    go. Logged; an interface that cannot be set down is logged and left."""
+    for name in interfaces:
+        try:
+            set_interface_down(name)
+        except OSError as e:
+            log.error("bgp.uplink_down: %s stays up: %s", name, e.strerror or e)
+            continue
+        log.error(
+            "bgp.uplink_down: took %s down (self-check failed: %s); set it up once the node "
+            "is fixed",
+            name,
+            why,
+        )

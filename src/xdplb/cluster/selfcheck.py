@@ -26,7 +26,7 @@ if TYPE_CHECKING:
     from xdplb.control.runtime import Runtime
 
 _ZERO = struct.pack("<I", 0)
-_SIOCGIFFLAGS = 0x8913
+_SIOCGIFFLAGS, _SIOCSIFFLAGS = 0x8913, 0x8914
 _IFF_UP, _IFF_RUNNING = 0x1, 0x40
 
 
@@ -35,6 +35,14 @@ def interface_flags(ifname: str) -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
         req = struct.pack("16sH14x", ifname.encode(), 0)
         return int(struct.unpack("16sH14x", fcntl.ioctl(s.fileno(), _SIOCGIFFLAGS, req))[1])
+
+
+def set_interface_down(ifname: str) -> None:
+    """Clear the interface's IFF_UP (SIOCSIFFLAGS, CAP_NET_ADMIN); OSError."""
+    flags = interface_flags(ifname)
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+        req = struct.pack("16sH14x", ifname.encode(), flags & ~_IFF_UP & 0xFFFF)
+        fcntl.ioctl(s.fileno(), _SIOCSIFFLAGS, req)
 
 
 def _attached(rt: Runtime, ifname: str, hook: Hook) -> str | None:

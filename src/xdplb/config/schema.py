@@ -582,6 +582,11 @@ class BgpConfig(_Model):
     the routers move the flows meanwhile, and the programs still serve them."""
     bird: str = "bird"
     """The BIRD 2 binary (looked up in PATH and /usr/sbin)."""
+    uplink_down: list[Annotated[str, Field(min_length=1, max_length=15)]] = []
+    """Interfaces the daemon sets down when its self-check starts failing, besides
+    withdrawing (MGW's fence: a router sees its link go at once, even when BGP could not
+    tell it). It never sets them up again: an operator does, once the node is fixed. Set
+    ``net.ipv6.conf.<if>.keep_addr_on_down=1`` on them, or their IPv6 addresses go too."""
 
     @field_validator("peers")
     @classmethod

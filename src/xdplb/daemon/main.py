@@ -36,7 +36,7 @@ from pathlib import Path
 import uvicorn
 
 from xdplb.agent.receiver import ReportReceiver
-from xdplb.cluster.announce import Announcer
+from xdplb.cluster.announce import Announcer, fence
 from xdplb.cluster.bird import BirdError
 from xdplb.cluster.selfcheck import self_check
 from xdplb.cluster.store import FleetMember, NodeReport, table_digests
@@ -342,10 +342,14 @@ class Daemon:
                 log.exception("bgp: the self-check raised")
                 failure = f"the self-check raised {e!r}"
             vips = {v.address for v in rt.running.vips}
+            was_passing = announcer.passing
             try:
                 announcer.update(failure, vips, time.monotonic())
             except BirdError as e:
                 log.error("bgp: %s", e)
+            # The fence: when a node that served starts failing (not one never healthy).
+            if failure is not None and was_passing and bgp.uplink_down:
+                fence(bgp.uplink_down, failure)
             await asyncio.sleep(bgp.self_check_interval)
 
     def _report(self) -> NodeReport:
