@@ -17,8 +17,6 @@ events).
 
 from __future__ import annotations
 
-import dataclasses
-import os
 import socket
 import time
 from collections.abc import Iterator
@@ -31,20 +29,24 @@ from xdplb.lab import Lab, cleanup_stale
 from xdplb.lab.cluster import (
     Event,
     RouteReader,
+    Tally,
+    UdpFlows,
     bgp_section,
     bring_back,
     carriers,
     flow_key,
+    log_since,
     session_ages,
     table_differences,
     take_out,
+    wait_resumed,
     wait_route,
+    why_broken,
 )
 from xdplb.lab.host import attach_host
 from xdplb.lab.lbnode import LbNode
 from xdplb.lab.paced import PacedStreams
-from xdplb.lab.traffic import ExchangeError, open_socket
-from xdplb.lab.wait import WaitTimeout, wait_for
+from xdplb.lab.wait import wait_for
 
 pytestmark = pytest.mark.e2e
 
@@ -54,9 +56,6 @@ ECHO, UDP = 7, 53
 #: Long-lived TCP streams per VIP (300 in all), each exchanging SIZE bytes every PERIOD s.
 STREAMS, SIZE, PERIOD = 150, 512, 0.2
 UDP_FLOWS = 16
-#: How long a stream may take to move on after the route changed (TCP retransmits with
-#: backoff: a few hundred ms of loss costs a second or two), or to break.
-RESUME_WAIT = 30.0
 #: The node each event is done to.
 VICTIM = {Event.STOP: 0, Event.KILL: 1, Event.UPLINK_DOWN: 2, Event.BLACKHOLE: 1}
 
@@ -106,101 +105,6 @@ def ready(cluster: Lab, nodes: list[LbNode]) -> list[LbNode]:
     return nodes
 
 
-class UdpFlows:
-    """``n`` connected UDP sockets of the client to ``vip``:53, one flow each for the
-    whole test; an exchange is a datagram and its echo, which names the backend."""
-
-    def __init__(self, lab: Lab, vip: str, n: int) -> None:
-        self.socks = [open_socket(lab.ns("client"), vip, socket.SOCK_DGRAM, None) for _ in range(n)]
-        for s in self.socks:
-            s.connect((vip, UDP))
-            s.settimeout(0.5)
-        self.ports = [int(s.getsockname()[1]) for s in self.socks]
-
-    def exchange(self, i: int, tries: int = 6) -> str:
-        """The backend answering flow ``i`` (a lost datagram is sent again)."""
-        payload = os.urandom(64)
-        for _ in range(tries):
-            self.socks[i].send(payload)
-            try:
-                data = self.socks[i].recv(2048)
-            except TimeoutError:
-                continue
-            name, _, echoed = data.partition(b"\n")
-            if echoed != payload:
-                raise ExchangeError(f"UDP flow {i}: bad reply {data[:60]!r}")
-            return name.decode()
-        raise ExchangeError(f"UDP flow {i}: no reply in {tries} tries")
-
-    def backends(self) -> list[str]:
-        out = []
-        for i in range(len(self.socks)):
-            try:
-                out.append(self.exchange(i))
-            except ExchangeError as e:
-                out.append(f"broken: {e}")
-        return out
-
-    def close(self) -> None:
-        for s in self.socks:
-            s.close()
-
-
-@dataclasses.dataclass
-class Tally:
-    """The flows of one VIP and protocol through the event."""
-
-    stayed: int = 0
-    moved: int = 0
-    broken_stayed: list[str] = dataclasses.field(default_factory=list)
-    broken_moved: list[str] = dataclasses.field(default_factory=list)
-
-    def add(self, moved: bool, broken: str | None) -> None:
-        if moved:
-            self.moved += 1
-        else:
-            self.stayed += 1
-        if broken is not None:
-            (self.broken_moved if moved else self.broken_stayed).append(broken)
-
-    def __str__(self) -> str:
-        return (
-            f"stayed {self.stayed} (broken {len(self.broken_stayed)}), "
-            f"moved {self.moved} (broken {len(self.broken_moved)})"
-        )
-
-
-def wait_resumed(streams: PacedStreams, since: list[int]) -> list[int]:
-    """Wait until every stream that did not break has verified bytes beyond ``since``;
-    the streams still stalled at the deadline (empty: none)."""
-
-    def stalled() -> list[int]:
-        broken = {b.index for b in streams.broken}
-        now = streams.verified()
-        return [
-            i for i, (a, b) in enumerate(zip(since, now, strict=True)) if b <= a and i not in broken
-        ]
-
-    try:
-        return wait_for(
-            stalled, "every stream moving on", until=lambda s: not s, timeout=RESUME_WAIT
-        )
-    except WaitTimeout:
-        return stalled()
-
-
-def log_since(node: LbNode, offset: int) -> str:
-    with node.log_path.open("rb") as f:
-        f.seek(offset)
-        return f.read().decode(errors="replace")
-
-
-def why_broken(streams: PacedStreams, stalled: list[int]) -> dict[int, str]:
-    out = {b.index: f"{b.backend}: {b.reason}" for b in streams.broken}
-    out.update({i: "stalled" for i in stalled if i not in out})
-    return out
-
-
 @pytest.mark.parametrize("event", list(Event), ids=[e.value for e in Event])
 def test_flows_through_a_node_leaving_and_coming_back(
     cluster: Lab, ready: list[LbNode], event: Event
@@ -216,7 +120,7 @@ def test_flows_through_a_node_leaving_and_coming_back(
             for t, vip in VIPS.items()
         }
         t_start = time.monotonic()
-        udp = {t: UdpFlows(lab, vip, UDP_FLOWS) for t, vip in VIPS.items()}
+        udp = {t: UdpFlows(lab, vip, UDP_FLOWS, UDP) for t, vip in VIPS.items()}
         for u in udp.values():
             stack.callback(u.close)
         udp_before = {t: u.backends() for t, u in udp.items()}

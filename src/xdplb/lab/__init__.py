@@ -6,7 +6,8 @@
 - host: :func:`attach_host`, host_tc on a backend
 - router: ``rt``'s BIRD in a cluster lab (``Lab(lbs=3, router=True)``)
 - cluster: a cluster lab's events (a node stopped, killed, cut off, black-holed and brought
-  back), the router's routes over netlink, which node's session table carries a flow
+  back), the router's routes over netlink, which node's session table carries a flow,
+  what the flows went through (UDP flows, streams resumed or broken, tallies)
 - packets: GUE / IPIP packets as lb_xdp builds them
 - pytest_plugin: the ``lab`` fixture
 - browser: :class:`~xdplb.lab.browser.Browser`, headless Chromium in a namespace (status page tests)

@@ -15,12 +15,18 @@ The events (:class:`Event`), each done to one node of ``Lab(lbs=N, router=True)`
 
 Which node carries a flow is read from the nodes' session tables: the node whose session
 of the flow saw its last packet most recently (:func:`carriers`), not guessed from a hash.
+
+What a flow went through: :class:`UdpFlows` (connected UDP sockets whose echoes name the
+backend), :func:`wait_resumed` and :func:`why_broken` (long-lived TCP streams,
+:class:`~xdplb.lab.paced.PacedStreams`), :class:`Tally` (stayed, moved, broken).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import enum
 import ipaddress
+import os
 import signal
 import socket
 import subprocess
@@ -34,15 +40,20 @@ from xdplb.core.closing import Closing
 from xdplb.core.errors import LabError
 from xdplb.datapath.clock import hz, now_ticks
 from xdplb.lab.lbnode import LbNode
+from xdplb.lab.paced import PacedStreams
 from xdplb.lab.router import NODE_ASN, ROUTER_ASN, route_nexthops
 from xdplb.lab.topology import Lab
-from xdplb.lab.wait import wait_for
+from xdplb.lab.traffic import ExchangeError, open_socket
+from xdplb.lab.wait import WaitTimeout, wait_for
 
 #: Long enough for BGP to come up (connect retry 1 s on both sides, error wait 1 s after
 #: a session that BFD took down) and a node's hold-down.
 ROUTE_WAIT = 20.0
 #: A stopped daemon's drain and exit.
 STOP_WAIT = 10.0
+#: How long a stream may take to move on after the route changed (TCP retransmits with
+#: backoff: a few hundred ms of loss costs a second or two), or to break.
+RESUME_WAIT = 30.0
 #: RT_TABLE_MAIN: the routes BIRD's kernel protocol installs.
 _MAIN_TABLE = 254
 
@@ -241,3 +252,105 @@ def table_differences(nodes: Sequence[LbNode]) -> list[str]:
         for vip in sorted(digests[first].keys() | digests[other].keys())
         if digests[first].get(vip) != digests[other].get(vip)
     ]
+
+
+class UdpFlows:
+    """``n`` connected UDP sockets of the client to ``vip``:``port`` (the lab's UDP echo,
+    which answers with its backend's name), one flow each for their whole life; an
+    exchange is a datagram and its echo."""
+
+    def __init__(self, lab: Lab, vip: str, n: int, port: int) -> None:
+        self.socks = [open_socket(lab.ns("client"), vip, socket.SOCK_DGRAM, None) for _ in range(n)]
+        for s in self.socks:
+            s.connect((vip, port))
+            s.settimeout(0.5)
+        self.ports = [int(s.getsockname()[1]) for s in self.socks]
+
+    def exchange(self, i: int, tries: int = 6) -> str:
+        """The backend answering flow ``i`` (a lost datagram is sent again)."""
+        payload = os.urandom(64)
+        for _ in range(tries):
+            self.socks[i].send(payload)
+            try:
+                data = self.socks[i].recv(2048)
+            except TimeoutError:
+                continue
+            name, _, echoed = data.partition(b"\n")
+            if echoed != payload:
+                raise ExchangeError(f"UDP flow {i}: bad reply {data[:60]!r}")
+            return name.decode()
+        raise ExchangeError(f"UDP flow {i}: no reply in {tries} tries")
+
+    def backends(self) -> list[str]:
+        """The backend answering each flow (``broken: ...`` for one that got no reply)."""
+        out = []
+        for i in range(len(self.socks)):
+            try:
+                out.append(self.exchange(i))
+            except ExchangeError as e:
+                out.append(f"broken: {e}")
+        return out
+
+    def close(self) -> None:
+        for s in self.socks:
+            s.close()
+
+
+@dataclasses.dataclass
+class Tally:
+    """The flows of one VIP and protocol through an event: how many stayed on their node
+    and how many moved, and which of each broke (why)."""
+
+    stayed: int = 0
+    moved: int = 0
+    broken_stayed: list[str] = dataclasses.field(default_factory=list)
+    broken_moved: list[str] = dataclasses.field(default_factory=list)
+
+    def add(self, moved: bool, broken: str | None) -> None:
+        if moved:
+            self.moved += 1
+        else:
+            self.stayed += 1
+        if broken is not None:
+            (self.broken_moved if moved else self.broken_stayed).append(broken)
+
+    def __str__(self) -> str:
+        return (
+            f"stayed {self.stayed} (broken {len(self.broken_stayed)}), "
+            f"moved {self.moved} (broken {len(self.broken_moved)})"
+        )
+
+
+def wait_resumed(
+    streams: PacedStreams, since: list[int], timeout: float = RESUME_WAIT
+) -> list[int]:
+    """Wait until every stream that did not break has verified bytes beyond ``since``
+    (:meth:`PacedStreams.verified`); the streams still stalled at the deadline (empty:
+    none)."""
+
+    def stalled() -> list[int]:
+        broken = {b.index for b in streams.broken}
+        now = streams.verified()
+        return [
+            i for i, (a, b) in enumerate(zip(since, now, strict=True)) if b <= a and i not in broken
+        ]
+
+    try:
+        return wait_for(stalled, "every stream moving on", until=lambda s: not s, timeout=timeout)
+    except WaitTimeout:
+        return stalled()
+
+
+def why_broken(streams: PacedStreams, stalled: Iterable[int]) -> dict[int, str]:
+    """Stream index -> why it broke (its backend and reason, or ``stalled``), for the
+    streams that broke so far and those ``stalled``."""
+    out = {b.index: f"{b.backend}: {b.reason}" for b in streams.broken}
+    out.update({i: "stalled" for i in stalled if i not in out})
+    return out
+
+
+def log_since(node: LbNode, offset: int) -> str:
+    """The node's log from byte ``offset`` on."""
+    with node.log_path.open("rb") as f:
+        f.seek(offset)
+        return f.read().decode(errors="replace")
