@@ -12,8 +12,6 @@ that lags its targets while the connections live, which the test reports.
 
 from __future__ import annotations
 
-import threading
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -26,7 +24,7 @@ from xdplb.lab import Lab, cleanup_stale
 from xdplb.lab.agents import start_agent
 from xdplb.lab.host import attach_host
 from xdplb.lab.lbnode import LbNode
-from xdplb.lab.traffic import EchoStream, ExchangeError
+from xdplb.lab.paced import PacedStreams
 from xdplb.lab.wait import wait_for
 from xdplb.tables import beamer
 
@@ -68,31 +66,6 @@ def test_no_connection_breaks_past_the_hop_list_depth(lab: Lab, tmp_path: Path) 
         start_agent(lab, b, to=to, interval=0.2)
     node = LbNode(lab, tmp_path, vips(lab, {b: 1 for b in BACKENDS}), agents={"listen": to})
     node.start()
-    client = lab.ns("client")
-    streams = [EchoStream.open(client, VIP, 7, src_port=p) for p in range(30000, 30000 + STREAMS)]
-    stop = threading.Event()
-    lock = threading.Lock()
-    broken: list[str] = []
-    dead: set[int] = set()
-
-    def pump(i: int, s: EchoStream) -> None:
-        try:
-            while not stop.is_set():
-                s.exchange(512)
-                time.sleep(0.02)  # pacing: 200 streams must not saturate the 2 cores
-        except ExchangeError as e:
-            with lock:
-                dead.add(i)
-                broken.append(f"{s.backend}: {e}")
-
-    def all_exchanged(what: str) -> None:
-        since = [s.sent for s in streams]
-        wait_for(
-            lambda: [i for i, s in enumerate(streams) if s.sent <= since[i] and i not in dead],
-            f"every stream exchanging bytes {what} (indices still silent)",
-            until=lambda silent: not silent,
-            timeout=30,
-        )
 
     def holding() -> list[int | None]:
         """What the daemon knows of each backend's connections (its agents' counts)."""
@@ -100,42 +73,37 @@ def test_no_connection_breaks_past_the_hop_list_depth(lab: Lab, tmp_path: Path) 
             st = api.get("/api/v1/status").json()
         return [b["established"] for b in st["vips"][0]["backends"]]
 
-    threads = [
-        threading.Thread(target=pump, args=(i, s), daemon=True) for i, s in enumerate(streams)
-    ]
-    for t in threads:
-        t.start()
     lag: list[int] = []
     try:
-        # Every backend's agent has reported the streams it holds.
-        wait_for(
-            holding,
-            "every agent reporting its connections to the daemon",
-            until=lambda counts: None not in counts and sum(counts) == STREAMS,  # type: ignore[arg-type]
-            timeout=30,
-        )
-        for weights in history():
-            node.write(vips(lab, weights))
-            with node.api() as api:
-                r = api.post("/api/v1/reload")
-                assert r.status_code == 200, r.text
-            with node.maps() as maps:
-                maps.flush_conns()  # another LB node takes over: no flow is remembered
-            all_exchanged(f"after the change to {weights}")
-            lag.append(over_target(node, lab, weights))
+        with PacedStreams(lab.ns("client"), VIP, 7, n=STREAMS, size=512, period=0.2) as streams:
+            wait_for(
+                holding,
+                "every agent reporting its connections to the daemon",
+                until=lambda counts: None not in counts and sum(counts) == STREAMS,  # type: ignore[arg-type]
+                timeout=30,
+            )
+            for weights in history():
+                node.write(vips(lab, weights))
+                with node.api() as api:
+                    r = api.post("/api/v1/reload")
+                    assert r.status_code == 200, r.text
+                with node.maps() as maps:
+                    maps.flush_conns()  # another LB node takes over: no flow is remembered
+                # Every stream exchanged bytes through the new table, no flow remembered.
+                stalled = streams.wait_resumed(streams.verified())
+                assert stalled == [], f"after the change to {weights}"
+                lag.append(over_target(node, lab, weights))
+            broken = streams.why_broken()
         with node.maps() as maps:
-            table = next(iter(maps.snapshot().tables.values()))
+            (table,) = maps.snapshot().tables.values()
         assert table.rest is not None
         full = int(np.count_nonzero(np.asarray(table.rest)[:, MAX_HOPS - 2]))
     finally:
-        stop.set()
-        for t in threads:
-            t.join(10)
-        for s in streams:
-            s.close()
         node.destroy()
     print(f"buckets over target after each change: {lag}; buckets with a full hop list: {full}")
-    assert broken == [], f"{len(broken)} of {STREAMS} connections broke: {broken[:5]}"
+    assert broken == {}, (
+        f"{len(broken)} of {STREAMS} connections broke: {list(broken.values())[:5]}"
+    )
     # The history did go past the lists' depth: buckets hold MAX_HOPS - 1 previous owners.
     assert full > 0
 

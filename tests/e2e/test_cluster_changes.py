@@ -45,9 +45,7 @@ from xdplb.lab.cluster import (
     flow_key,
     table_differences,
     take_out,
-    wait_resumed,
     wait_route,
-    why_broken,
 )
 from xdplb.lab.host import attach_host
 from xdplb.lab.lbnode import LbNode
@@ -162,7 +160,7 @@ class Flows:
         broken since the last call, per kind."""
         before = {k: dict(v) for k, v in self.broken.items()}
         for t, s in self.streams.items():
-            self.broken[t, "tcp"].update(why_broken(s, wait_resumed(s, mark[t])))
+            self.broken[t, "tcp"].update(s.why_broken(s.wait_resumed(mark[t])))
         self.exchange_udp()
         return {
             k: {i: r for i, r in v.items() if i not in before[k]} for k, v in self.broken.items()

@@ -39,9 +39,7 @@ from xdplb.lab.cluster import (
     session_ages,
     table_differences,
     take_out,
-    wait_resumed,
     wait_route,
-    why_broken,
 )
 from xdplb.lab.host import attach_host
 from xdplb.lab.lbnode import LbNode
@@ -148,7 +146,7 @@ def test_flows_through_a_node_leaving_and_coming_back(
             gone = routes.wait_out(prefixes, victim.node)
         out_ms = {p: round((at - t0) * 1000) for p, at in gone.items()}
         mark = {t: s.verified() for t, s in streams.items()}
-        stalled = {t: wait_resumed(s, mark[t]) for t, s in streams.items()}
+        stalled = {t: s.wait_resumed(mark[t]) for t, s in streams.items()}
         # The newest session of each flow names its node: the node that left sees none.
         # The UDP flows keep exchanging meanwhile, each reply naming its backend.
         udp_seen = {t: [{b} for b in u.backends()] for t, u in udp.items()}
@@ -170,7 +168,7 @@ def test_flows_through_a_node_leaving_and_coming_back(
         tallies = {kind: Tally() for kind in keys}
         for (t, proto), ks in keys.items():
             if proto == "tcp":
-                broken: dict[int, str] = why_broken(streams[t], stalled[t])
+                broken: dict[int, str] = streams[t].why_broken(stalled[t])
             else:
                 pairs = zip(udp_before[t], udp_seen[t], strict=True)
                 broken = {i: f"{b0}, then {bs}" for i, (b0, bs) in enumerate(pairs) if bs != {b0}}
@@ -200,8 +198,8 @@ def test_flows_through_a_node_leaving_and_coming_back(
         mark = {t: s.verified() for t, s in streams.items()}
         back_broken = {}
         for t, s in streams.items():
-            stalled[t] = wait_resumed(s, mark[t])
-            back_broken[t] = why_broken(s, stalled[t])
+            stalled[t] = s.wait_resumed(mark[t])
+            back_broken[t] = s.why_broken(stalled[t])
         udp_back = {t: u.backends() for t, u in udp.items()}
         wait_for(
             lambda: carriers(nodes, every_key).values(),

@@ -102,6 +102,11 @@ def test_nodes_serve_each_revision_and_refuse_a_bad_one_alike(
         ),
     )
     announced(lab)
+    wait_all(
+        nodes,
+        "every node's report saying it announces the VIP",
+        until=lambda st: all(n["announced"] == [VIP] for n in st["nodes"]),
+    )
     assert http_post(lab.ns("client"), VIP, 80, b"x") in lab.backends
     before = [tables(n) for n in nodes]
     assert list(before[0]) == [VIP] and before[0][VIP] == before[1][VIP]

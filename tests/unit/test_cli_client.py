@@ -22,7 +22,14 @@ from xdplb.cli.app import app
 from xdplb.cli.args import EXIT_CONFIG, EXIT_NOT_RUNNING, EXIT_OK, EXIT_RUNTIME
 from xdplb.cli.client import Client, NotRunning, parse_vip
 from xdplb.control.sessions import Connection
-from xdplb.control.status import BgpSession, BgpStatus, ClusterStatus, Status
+from xdplb.control.status import (
+    BgpSession,
+    BgpStatus,
+    ClusterStatus,
+    FleetNode,
+    Status,
+    StoreStatus,
+)
 from xdplb.core.paths import api_socket
 from xdplb.daemon.api import create_app
 from xdplb.lab.wait import wait_for
@@ -229,6 +236,51 @@ def test_cluster_status(served: Served) -> None:
     assert lines[3].split() == ["198.18.0.3", "up", "Established"]
     code, out, _ = xdplb("cluster", "status", "--json")
     assert ClusterStatus.model_validate_json(out) == served.fake.cluster_view
+
+
+def test_cluster_status_of_the_fleet_store(served: Served) -> None:
+    served.fake.cluster_view = ClusterStatus(
+        store=StoreStatus(
+            store="etcd://198.18.0.1:2379/xdplb",
+            node="lb1",
+            connected=False,
+            error="connection refused",
+            revision=12,
+            refused_revision=13,
+            refused_error="vips[0].port: not a port",
+            nodes=[
+                FleetNode(
+                    node="lb1",
+                    revision=12,
+                    refused_revision=13,
+                    refused_error="vips[0].port: not a port",
+                    age=0.4,
+                    announced=["198.18.100.1"],
+                    tables_differ=[],
+                ),
+                FleetNode(
+                    node="lb2",
+                    revision=11,
+                    refused_revision=None,
+                    refused_error="",
+                    age=1.2,
+                    announced=[],
+                    tables_differ=["198.18.100.1:80/tcp"],
+                ),
+            ],
+        )
+    )
+    code, out, _ = xdplb("cluster", "status")
+    assert code == EXIT_OK
+    lines = out.splitlines()
+    assert lines[0] == (
+        "store etcd://198.18.0.1:2379/xdplb as lb1: unreachable (connection refused), "
+        "serving revision 12"
+    )
+    assert lines[1] == "refused revision 13: vips[0].port: not a port"
+    rows = {line.split()[0]: line.split()[1:] for line in lines[3:]}
+    assert rows["lb1"] == ["12", "13", "0.4s", "198.18.100.1", "-"]
+    assert rows["lb2"] == ["11", "-", "1.2s", "-", "198.18.100.1:80/tcp"]
 
 
 def test_changes_reach_the_controller(served: Served) -> None:

@@ -357,7 +357,14 @@ def print_cluster(cl: ClusterStatus) -> None:
                 f"refused revision {st.refused_revision}: {st.refused_error}", style="red"
             )
         nodes = Table(
-            "node", "revision", "refused", "age", "tables differ", box=None, pad_edge=False
+            "node",
+            "revision",
+            "refused",
+            "age",
+            "announces",
+            "tables differ",
+            box=None,
+            pad_edge=False,
         )
         for n in st.nodes:
             nodes.add_row(
@@ -365,6 +372,7 @@ def print_cluster(cl: ClusterStatus) -> None:
                 _opt(n.revision),
                 _opt(n.refused_revision),
                 f"{n.age:.1f}s",
+                ", ".join(n.announced) or "-",
                 ", ".join(n.tables_differ) or "-",
                 style="red" if n.tables_differ else "",
             )

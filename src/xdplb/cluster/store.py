@@ -178,6 +178,7 @@ class FleetMember:
                     refused_revision=r.refused_revision,
                     refused_error=r.refused_error,
                     age=max(0.0, now - r.at),
+                    announced=list(r.announced),
                     tables_differ=sorted(
                         v for v in ours.keys() | r.tables.keys() if ours.get(v) != r.tables.get(v)
                     ),

@@ -183,6 +183,8 @@ class FleetNode(_Out):
     refused_error: str
     age: float
     """Seconds since it published this report."""
+    announced: list[str] = []
+    """The VIP addresses it announces over BGP."""
     tables_differ: list[str]
     """VIPs whose table digest differs from this node's."""
 

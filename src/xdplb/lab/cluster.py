@@ -17,8 +17,8 @@ Which node carries a flow is read from the nodes' session tables: the node whose
 of the flow saw its last packet most recently (:func:`carriers`), not guessed from a hash.
 
 What a flow went through: :class:`UdpFlows` (connected UDP sockets whose echoes name the
-backend), :func:`wait_resumed` and :func:`why_broken` (long-lived TCP streams,
-:class:`~xdplb.lab.paced.PacedStreams`), :class:`Tally` (stayed, moved, broken).
+backend), :class:`Tally` (stayed, moved, broken); long-lived TCP streams are
+:class:`~xdplb.lab.paced.PacedStreams` (``wait_resumed``, ``why_broken``).
 """
 
 from __future__ import annotations
@@ -40,20 +40,16 @@ from xdplb.core.closing import Closing
 from xdplb.core.errors import LabError
 from xdplb.datapath.clock import hz, now_ticks
 from xdplb.lab.lbnode import LbNode
-from xdplb.lab.paced import PacedStreams
 from xdplb.lab.router import NODE_ASN, ROUTER_ASN, route_nexthops
 from xdplb.lab.topology import Lab
 from xdplb.lab.traffic import ExchangeError, open_socket
-from xdplb.lab.wait import WaitTimeout, wait_for
+from xdplb.lab.wait import wait_for
 
 #: Long enough for BGP to come up (connect retry 1 s on both sides, error wait 1 s after
 #: a session that BFD took down) and a node's hold-down.
 ROUTE_WAIT = 20.0
 #: A stopped daemon's drain and exit.
 STOP_WAIT = 10.0
-#: How long a stream may take to move on after the route changed (TCP retransmits with
-#: backoff: a few hundred ms of loss costs a second or two), or to break.
-RESUME_WAIT = 30.0
 #: RT_TABLE_MAIN: the routes BIRD's kernel protocol installs.
 _MAIN_TABLE = 254
 
@@ -319,34 +315,6 @@ class Tally:
             f"stayed {self.stayed} (broken {len(self.broken_stayed)}), "
             f"moved {self.moved} (broken {len(self.broken_moved)})"
         )
-
-
-def wait_resumed(
-    streams: PacedStreams, since: list[int], timeout: float = RESUME_WAIT
-) -> list[int]:
-    """Wait until every stream that did not break has verified bytes beyond ``since``
-    (:meth:`PacedStreams.verified`); the streams still stalled at the deadline (empty:
-    none)."""
-
-    def stalled() -> list[int]:
-        broken = {b.index for b in streams.broken}
-        now = streams.verified()
-        return [
-            i for i, (a, b) in enumerate(zip(since, now, strict=True)) if b <= a and i not in broken
-        ]
-
-    try:
-        return wait_for(stalled, "every stream moving on", until=lambda s: not s, timeout=timeout)
-    except WaitTimeout:
-        return stalled()
-
-
-def why_broken(streams: PacedStreams, stalled: Iterable[int]) -> dict[int, str]:
-    """Stream index -> why it broke (its backend and reason, or ``stalled``), for the
-    streams that broke so far and those ``stalled``."""
-    out = {b.index: f"{b.backend}: {b.reason}" for b in streams.broken}
-    out.update({i: "stalled" for i in stalled if i not in out})
-    return out
 
 
 def log_since(node: LbNode, offset: int) -> str:

@@ -19,10 +19,11 @@ import os
 import selectors
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 
 from xdplb.core.closing import Closing
 from xdplb.lab.traffic import EchoStream, ExchangeError
+from xdplb.lab.wait import WaitTimeout, wait_for
 
 
 @dataclasses.dataclass(frozen=True)
@@ -66,6 +67,11 @@ class BrokenStream:
     reason: str
     #: Index of the stream in :attr:`PacedStreams.streams`.
     index: int
+
+
+#: How long a stream may take to move on after its path changed (TCP retransmits with
+#: backoff: a few hundred ms of loss costs a second or two), or to break.
+RESUME_WAIT = 30.0
 
 
 class PacedStreams(Closing):
@@ -133,6 +139,34 @@ class PacedStreams(Closing):
         """Bytes echoed back intact so far, per stream: a stream that neither broke nor
         moved on since an earlier reading is stalled."""
         return [s.es.sent for s in self.streams]
+
+    def wait_resumed(self, since: list[int], timeout: float = RESUME_WAIT) -> list[int]:
+        """Wait until every stream that did not break has verified bytes beyond ``since``
+        (:meth:`verified` earlier); the streams still stalled at the deadline (empty:
+        none)."""
+
+        def stalled() -> list[int]:
+            broken = {b.index for b in self.broken}
+            now = self.verified()
+            return [
+                i
+                for i, (a, b) in enumerate(zip(since, now, strict=True))
+                if b <= a and i not in broken
+            ]
+
+        try:
+            return wait_for(
+                stalled, "every stream moving on", until=lambda s: not s, timeout=timeout
+            )
+        except WaitTimeout:
+            return stalled()
+
+    def why_broken(self, stalled: Iterable[int] = ()) -> dict[int, str]:
+        """Stream index -> why it broke (its backend and reason, or ``stalled``), for the
+        streams that broke so far and those ``stalled``."""
+        out = {b.index: f"{b.backend}: {b.reason}" for b in self.broken}
+        out.update({i: "stalled" for i in stalled if i not in out})
+        return out
 
     def totals(self) -> PacedTotals:
         with self._lock:
