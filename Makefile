@@ -101,6 +101,7 @@ fuzz: build
 # KEEP=1: the lab stays up after the tour (status page, CLI) until Ctrl-C.
 demo: build
 	$(PY) -m xdplb.lab.demo $(if $(filter-out 0,$(KEEP)),--keep)
+	$(PY) -m xdplb.lab.demo_cluster
 
 # A venv under $(PREFIX)/lib/xdplb, launchers in $(PREFIX)/bin, systemd units, /etc/xdplb.
 install: build
