@@ -104,8 +104,13 @@ def test_nodes_serve_each_revision_and_refuse_a_bad_one_alike(
     announced(lab)
     wait_all(
         nodes,
-        "every node's report saying it announces the VIP",
-        until=lambda st: all(n["announced"] == [VIP] for n in st["nodes"]),
+        "every node's report saying it announces the VIP over established sessions",
+        until=lambda st: all(
+            n["announced"] == [VIP]
+            and n["sessions"]
+            and all(v.endswith("Established") for v in n["sessions"].values())
+            for n in st["nodes"]
+        ),
     )
     assert http_post(lab.ns("client"), VIP, 80, b"x") in lab.backends
     before = [tables(n) for n in nodes]

@@ -256,6 +256,7 @@ def test_cluster_status_of_the_fleet_store(served: Served) -> None:
                     refused_error="vips[0].port: not a port",
                     age=0.4,
                     announced=["198.18.100.1"],
+                    sessions={"198.18.0.3": "up Established", "fd78::3": "start Active"},
                     tables_differ=[],
                 ),
                 FleetNode(
@@ -279,8 +280,8 @@ def test_cluster_status_of_the_fleet_store(served: Served) -> None:
     )
     assert lines[1] == "refused revision 13: vips[0].port: not a port"
     rows = {line.split()[0]: line.split()[1:] for line in lines[3:]}
-    assert rows["lb1"] == ["12", "13", "0.4s", "198.18.100.1", "-"]
-    assert rows["lb2"] == ["11", "-", "1.2s", "-", "198.18.100.1:80/tcp"]
+    assert rows["lb1"] == ["12", "13", "0.4s", "1/2", "198.18.100.1", "-"]
+    assert rows["lb2"] == ["11", "-", "1.2s", "-", "-", "198.18.100.1:80/tcp"]
 
 
 def test_changes_reach_the_controller(served: Served) -> None:

@@ -326,6 +326,14 @@ def print_host_events(instance: str, events: Mapping[str, int]) -> None:
     console.print(t)
 
 
+def _sessions_up(sessions: Mapping[str, str]) -> str:
+    """``1/2``: established BGP sessions of all; ``-`` without any."""
+    if not sessions:
+        return "-"
+    up = sum(state.endswith("Established") for state in sessions.values())
+    return f"{up}/{len(sessions)}"
+
+
 def print_cluster(cl: ClusterStatus) -> None:
     """``xdplb cluster status``: what the node announces (or why not), its BGP sessions
     and self-checks; the fleet's store, the revision each node serves, the tables that
@@ -361,6 +369,7 @@ def print_cluster(cl: ClusterStatus) -> None:
             "revision",
             "refused",
             "age",
+            "BGP up",
             "announces",
             "tables differ",
             box=None,
@@ -372,6 +381,7 @@ def print_cluster(cl: ClusterStatus) -> None:
                 _opt(n.revision),
                 _opt(n.refused_revision),
                 f"{n.age:.1f}s",
+                _sessions_up(n.sessions),
                 ", ".join(n.announced) or "-",
                 ", ".join(n.tables_differ) or "-",
                 style="red" if n.tables_differ else "",

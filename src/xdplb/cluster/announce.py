@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 import shutil
+import time
 from collections.abc import Iterable
 from pathlib import Path
 
@@ -35,6 +36,7 @@ class Announcer:
         self._ever_announced = False
         self.checks = 0
         self.check_failures = 0
+        self._sessions: tuple[float, list[BgpSession]] | None = None
 
     def _text(self) -> str:
         return node_config(
@@ -110,25 +112,35 @@ class Announcer:
         self._failing = why
         self._set(frozenset())
 
+    def sessions(self, max_age: float = 0.0) -> list[BgpSession]:
+        """Each peer's session as BIRD reports it (``birdc``, a process: asked again only
+        when the last answer is older than ``max_age`` seconds)."""
+        now = time.monotonic()
+        if self._sessions is None or now - self._sessions[0] > max_age:
+            try:
+                protocols = self.bird.protocols()
+            except BirdError:  # a status, not an action: say BIRD is gone
+                protocols = {}
+            self._sessions = (
+                now,
+                [
+                    BgpSession(
+                        peer=str(p.address),
+                        state=protocols.get(f"xdplb_peer{i}", "BIRD not answering"),
+                    )
+                    for i, p in enumerate(self.cfg.peers, 1)
+                ],
+            )
+        return self._sessions[1]
+
     def state(self) -> BgpStatus:
         """What the node announces, why not, its sessions (BIRD asked now)."""
-        try:
-            protocols = self.bird.protocols()
-        except BirdError:  # a status, not an action: say BIRD is gone
-            protocols = {}
-        sessions = [
-            BgpSession(
-                peer=str(p.address),
-                state=protocols.get(f"xdplb_peer{i}", "BIRD not answering"),
-            )
-            for i, p in enumerate(self.cfg.peers, 1)
-        ]
         return BgpStatus(
             asn=self.cfg.asn,
             router_id=str(self.router_id),
             announced=self.announced,
             withdrawn_because=self._failing or "",
-            sessions=sessions,
+            sessions=self.sessions(),
             self_checks=self.checks,
             self_check_failures=self.check_failures,
         )

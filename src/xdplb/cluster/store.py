@@ -61,6 +61,8 @@ class NodeReport:
     announced: list[str] = field(default_factory=list)
     #: What its own health checks see: VIP name -> backend address -> up.
     health: dict[str, dict[str, bool]] = field(default_factory=dict)
+    #: Its BGP sessions: peer -> BIRD's state and info.
+    sessions: dict[str, str] = field(default_factory=dict)
     at: float = 0.0
 
     def encode(self) -> bytes:
@@ -155,6 +157,7 @@ class FleetMember:
             tables=base.tables,
             announced=base.announced,
             health=base.health,
+            sessions=base.sessions,
             at=time.time(),
         )
 
@@ -179,6 +182,7 @@ class FleetMember:
                     refused_error=r.refused_error,
                     age=max(0.0, now - r.at),
                     announced=list(r.announced),
+                    sessions=dict(r.sessions),
                     tables_differ=sorted(
                         v for v in ours.keys() | r.tables.keys() if ours.get(v) != r.tables.get(v)
                     ),

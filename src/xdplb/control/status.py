@@ -185,6 +185,8 @@ class FleetNode(_Out):
     """Seconds since it published this report."""
     announced: list[str] = []
     """The VIP addresses it announces over BGP."""
+    sessions: dict[str, str] = {}
+    """Its BGP sessions: peer -> BIRD's state and info."""
     tables_differ: list[str]
     """VIPs whose table digest differs from this node's."""
 

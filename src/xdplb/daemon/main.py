@@ -354,14 +354,15 @@ class Daemon:
 
     def _report(self) -> NodeReport:
         """What this node serves, for the fleet's store (FleetMember adds the rest)."""
-        announced = self.announcer.announced if self.announcer is not None else []
-        tables = table_digests(self.rt.running, self.rt.applied)
+        announcer = self.announcer
+        sessions = {s.peer: s.state for s in announcer.sessions(2.0)} if announcer else {}
         return NodeReport(
             node="",
             revision=None,
-            tables=tables,
-            announced=announced,
+            tables=table_digests(self.rt.running, self.rt.applied),
+            announced=announcer.announced if announcer else [],
             health=self.rt.local_health(),
+            sessions=sessions,
         )
 
     async def _withdraw(self, announcer: Announcer) -> None:
