@@ -120,3 +120,16 @@ def test_agreed_down_is_a_majority_of_the_reports_on_a_member() -> None:
     assert agreed_down(three[::-1]) == agreed_down(three)
     # A name that is no address (another writer's) is not counted.
     assert agreed_down([NodeReport("x", 1, health={"v": {"nope": False}})]) == frozenset()
+
+
+def test_the_examples_make_a_node_configuration() -> None:
+    from pathlib import Path
+
+    from xdplb.config import load_config
+
+    examples = Path(__file__).resolve().parents[2] / "examples"
+    node = load_config(examples / "cluster-node.yaml")
+    cfg = fleet_config(node, (examples / "fleet.yaml").read_text(), "examples/fleet.yaml")
+    assert cfg.cluster is not None and cfg.bgp is not None
+    assert [v.name for v in cfg.vips] == ["198.18.100.1:80/tcp", "198.18.100.2:443/tcp"]
+    assert cfg.hash_seed == 1234567 and cfg.interfaces == node.interfaces
