@@ -102,3 +102,47 @@ def test_a_vip_of_a_family_no_peer_carries_is_refused() -> None:
     with pytest.raises(ConfigError) as e:
         parse_config(d)
     assert e.value.field == "vips[1].address"
+
+
+#: ``birdc show protocols`` as BIRD 2 prints it: columns padded with blanks, to the end.
+SHOW_PROTOCOLS = "\n".join(
+    [
+        "BIRD 2.0.12 ready.",
+        "Name       Proto      Table      State  Since         Info",
+        "device1    Device     ---        up     16:11:30.005  ",
+        "xdplb_peer1 BGP        ---        up     16:11:34.664  Established   ",
+        "xdplb_peer2 BGP        ---        start  16:11:30.010  Active        "
+        "Socket: Connection refused",
+        "",
+    ]
+)
+
+
+def test_protocols_and_sessions_read_birds_padded_columns(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(Bird, "command", lambda self, *words, **kw: SHOW_PROTOCOLS)
+    bird = Bird(tmp_path)
+    assert bird.protocols()["xdplb_peer1"] == "up 16:11:34.664 Established"
+    assert bird.protocols()["xdplb_peer2"] == (
+        "start 16:11:30.010 Active Socket: Connection refused"
+    )
+    cfg = parse_config(
+        {
+            "tunnel": {"source_v4": "198.18.0.2"},
+            "bgp": {
+                "asn": 65001,
+                "peers": [
+                    {"address": "198.18.0.3", "asn": 65000},
+                    {"address": "198.18.0.7", "asn": 65000},
+                ],
+            },
+        }
+    )
+    assert cfg.bgp is not None
+    announcer = Announcer(cfg.bgp, ipaddress.ip_address("198.18.0.2"), tmp_path)
+    sessions = announcer.sessions()
+    assert [(s.peer, s.established) for s in sessions] == [
+        ("198.18.0.3", True),
+        ("198.18.0.7", False),
+    ]

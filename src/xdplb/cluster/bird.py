@@ -225,7 +225,7 @@ class Bird:
         """Every protocol's name → its state and info (``Established``, ``Active`` ...)."""
         out: dict[str, str] = {}
         for line in self.command("show protocols").splitlines():
-            parts = line.split(None, 5)
+            parts = line.split()  # BIRD pads its columns: no trailing blanks kept
             if len(parts) >= 4 and parts[0] != "Name" and not line.startswith("BIRD"):
                 out[parts[0]] = " ".join(parts[3:])
         return out
