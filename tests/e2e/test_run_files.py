@@ -4,6 +4,8 @@ pid file and leaves lb_xdp serving; the demo's cleanup leaves no file of its ins
 
 from __future__ import annotations
 
+import signal
+import time
 from pathlib import Path
 
 import pytest
@@ -41,6 +43,23 @@ def test_sigterm_removes_socket_and_pid_and_keeps_serving(lab: Lab, tmp_path: Pa
         for p in servers:
             p.kill()
             p.wait()
+
+
+def test_sigterm_again_while_stopping_is_still_a_clean_exit(lab: Lab, tmp_path: Path) -> None:
+    """``systemctl stop`` twice, or a supervisor that repeats its SIGTERM: the exit is
+    still a clean one (it once ended in status -15 when a SIGTERM came after the loop)."""
+    lb = LbNode(lab, tmp_path, [])
+    try:
+        lb.start()
+        proc = lb.proc
+        assert proc is not None
+        deadline = time.monotonic() + 10
+        while proc.poll() is None and time.monotonic() < deadline:
+            proc.send_signal(signal.SIGTERM)
+            time.sleep(0.005)
+        assert proc.wait(5) == 0, lb.log_tail()
+    finally:
+        lb.destroy()
 
 
 def test_demo_cleanup_removes_every_run_file(tmp_path: Path) -> None:

@@ -328,6 +328,12 @@ class Daemon:
                 paths.pid_file(rt.instance).unlink(missing_ok=True)
             rt.close()
             log.info("instance %s: daemon exits, programs stay attached", rt.instance)
+            # Stopping already: one more SIGTERM or SIGINT while the interpreter winds
+            # down changes nothing (the loop's handlers go with it; the default action
+            # would end the exit with status -15).
+            for sig in (signal.SIGTERM, signal.SIGINT):
+                loop.remove_signal_handler(sig)
+                signal.signal(sig, signal.SIG_IGN)
 
     async def _announce(self, announcer: Announcer) -> None:
         """Self-check every ``bgp.self_check_interval``; announce the VIPs while it
