@@ -84,18 +84,21 @@ class Traffic:
 
     def __init__(self, lab: Lab) -> None:
         self.lab = lab
-        self.log: list[tuple[float, str | None]] = []  # (time, backend or None: failed)
+        # (when the connection began, backend or None: failed). The start, not the end:
+        # an answer b2 gave just before it was killed can be logged just after.
+        self.log: list[tuple[float, str | None]] = []
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
 
     def _run(self) -> None:
         ns = self.lab.ns("client")
         while not self._stop.is_set():
+            began = time.monotonic()
             try:
                 who: str | None = http_post(ns, VIP, 80, b"x", timeout=1.0)
             except ExchangeError:
                 who = None
-            self.log.append((time.monotonic(), who))
+            self.log.append((began, who))
 
     def __enter__(self) -> Traffic:
         self._thread.start()
