@@ -75,6 +75,21 @@ def test_announce_at_once_withdraw_at_once_back_after_hold_down(tmp_path: Path) 
     assert ann.bird.reloads == 3  # announce, withdraw, announce: no reload without a change
     ann.withdraw("stopping")
     assert announced() == ""
+    # The check task runs on during the drain: its passing checks announce nothing.
+    ann.update(None, [V4], now=10.0)
+    assert announced() == "" and ann.state().withdrawn_because == "stopping"
+
+
+def test_waiting_for_session_sync_announces_nothing_until_it_is_done(tmp_path: Path) -> None:
+    cfg = parse_config(doc(hold_down=2.0))
+    assert cfg.bgp is not None
+    ann = Announcer(cfg.bgp, ipaddress.ip_address("198.18.0.2"), tmp_path)
+    ann.bird = FakeBird(tmp_path)
+    ann.update(None, [V4], now=0.0, waiting="session sync: waiting for lb2")
+    assert ann.announced == [] and not (tmp_path / "vips4.conf").exists()
+    assert ann.state().withdrawn_because == "session sync: waiting for lb2"
+    ann.update(None, [V4], now=0.1)  # the first announcement: at once, no hold-down
+    assert (tmp_path / "vips4.conf").read_text() == f"route {V4}/32 blackhole;\n"
 
 
 @pytest.mark.parametrize(

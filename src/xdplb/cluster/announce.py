@@ -34,6 +34,7 @@ class Announcer:
         self._failing: str | None = "not checked yet"
         self._passing_since: float | None = None
         self._ever_announced = False
+        self._stopped = False
         self.checks = 0
         self.check_failures = 0
         self._sessions: tuple[float, list[BgpSession]] | None = None
@@ -76,11 +77,31 @@ class Announcer:
         if gone:
             log.info("withdrew %s", ", ".join(sorted(map(str, gone))))
 
-    def update(self, failure: str | None, vips: Iterable[IPAddress], now: float) -> None:
+    def update(
+        self,
+        failure: str | None,
+        vips: Iterable[IPAddress],
+        now: float,
+        *,
+        waiting: str | None = None,
+    ) -> None:
         """The self-check's verdict (``failure``: None when it passed) and the VIPs the
         node serves: withdraw at once on a failure, announce after ``hold_down`` of
-        passing (at once the first time)."""
+        passing (at once the first time). ``waiting``: why the node may not announce yet
+        though nothing failed (session sync's copies not all taken): nothing is
+        announced meanwhile, and it is logged as a wait, not as a failure."""
+        if self._stopped:
+            return  # withdrawn for good: the daemon is stopping
         self.checks += 1
+        if failure is None and waiting is not None:
+            if waiting != self._failing:
+                if self._ever_announced:
+                    log.warning("not announcing: %s", waiting)
+                else:
+                    log.info("not announcing yet: %s", waiting)
+            self._failing, self._passing_since = waiting, None
+            self._set(frozenset())
+            return
         if failure is not None:
             self.check_failures += 1
             if failure != self._failing:  # once per reason, the first one included
@@ -108,8 +129,10 @@ class Announcer:
         return sorted(map(str, self._announced))
 
     def withdraw(self, why: str) -> None:
-        """Stop announcing (shutdown, drain); the self-check no longer matters."""
+        """Stop announcing for good (the daemon stops): later checks change nothing (the
+        check task still runs during the drain, and would announce again)."""
         self._failing = why
+        self._stopped = True
         self._set(frozenset())
 
     def sessions(self, max_age: float = 0.0) -> list[BgpSession]:
