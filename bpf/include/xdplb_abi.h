@@ -158,7 +158,7 @@ enum xdplb_sess_state {
 };
 
 #define XDPLB_SESS_F_USED	(1U << 0)	/* the way holds a session */
-#define XDPLB_SESS_F_IMPORTED	(1U << 1)	/* written by user space (import), not by lb_xdp */
+#define XDPLB_SESS_F_IMPORTED	(1U << 1)	/* written by user space (import), not used since */
 
 /* A set's first cache line. */
 struct xdplb_conn_meta {

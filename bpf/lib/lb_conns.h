@@ -97,6 +97,7 @@ struct lb_sess {
 	__u8 ins_way;		/* where an insert goes (LB_NO_WAY: nowhere) */
 	__u8 ins_live;		/* it holds another flow's live session (an eviction) */
 	__u8 ins_expired;	/* it holds a session idle past its timeout */
+	__u8 flags;		/* the way's XDPLB_SESS_F_* */
 };
 
 /*
@@ -220,6 +221,7 @@ static __always_inline int lb_sess_read(struct xdplb_conn_set *s, const struct x
 		out->last_seen = m->last_seen[w];
 		out->state = m->state[w];
 		out->gen = m->gen[w];
+		out->flags = m->flags[w];
 		acc ^= out->hop[0] ^ out->hop[1] ^ out->hop[2] ^ out->hop[3] ^ out->hash ^
 		       out->be_gen ^ out->state ^ out->gen;
 		found = w;
@@ -303,8 +305,18 @@ static __always_inline void lb_sess_choose(struct xdplb_conn_set *s,
 static __always_inline void lb_sess_touch(struct xdplb_conn_set *s, const struct lb_sess *ss,
 					  __u32 now)
 {
+	__u32 w = ss->way & (LB_WAYS - 1);
+
 	if (ss->last_seen != now)
-		LB_WRITE_ONCE(s->meta.last_seen[ss->way & (LB_WAYS - 1)], now);
+		LB_WRITE_ONCE(s->meta.last_seen[w], now);
+	/*
+	 * A peer's session used here is this node's now: session sync refreshes it to the
+	 * peers (only sessions used here are, so that a refresh is never echoed back).
+	 * Unclaimed, like last_seen: a writer that took the way meanwhile loses at most
+	 * the mark on its own session, which then is refreshed once more.
+	 */
+	if (ss->flags & XDPLB_SESS_F_IMPORTED)
+		LB_WRITE_ONCE(s->meta.flags[w], ss->flags & ~XDPLB_SESS_F_IMPORTED);
 }
 
 #ifndef XDPLB_TEST_NO_CLAIM	/* broken on purpose: tests/bpf/test_concurrency.py */

@@ -15,7 +15,7 @@ from lb_harness import Lb, key_of
 
 from xdplb.core import abi, hashing
 from xdplb.datapath.clock import now_ticks
-from xdplb.datapath.conns import SETS, ImportResult, TornRead, session, set_index
+from xdplb.datapath.conns import SETS, ImportMode, ImportResult, TornRead, session, set_index
 
 pytestmark = pytest.mark.bpf
 
@@ -121,7 +121,9 @@ def test_import_get_and_entries(lb: Lb) -> None:
     ]
     now = now_ticks()
 
-    def imp(sessions: list[abi.Session], replace: bool = False) -> list[ImportResult]:
+    def imp(
+        sessions: list[abi.Session], replace: bool | ImportMode = False
+    ) -> list[ImportResult]:
         return lb.conns.import_sessions(
             sessions,
             seed=cfg.seed,
@@ -153,6 +155,22 @@ def test_import_get_and_entries(lb: Lb) -> None:
     assert again is not None
     assert (again.hops, again.hash, again.set, again.way) == ((7, 2), 9, got.set, got.way)
     assert lb.conns.count() == 10
+    # NEWER (a peer's refresh): only the last-seen tick moves, and only forward.
+    assert imp([session(keys[3], [1], 5, est, now - 5)], replace=ImportMode.NEWER) == [
+        ImportResult.PRESENT
+    ]
+    assert imp([session(keys[3], [1], 5, est, now + 3)], replace=ImportMode.NEWER) == [
+        ImportResult.REPLACED
+    ]
+    fresh = lb.conns.get(keys[3], fx.SEED)
+    assert fresh is not None
+    assert (fresh.hops, fresh.hash, fresh.last_seen, fresh.way) == ((7, 2), 9, now + 3, got.way)
+    # ... and a flow without a session gets the whole one.
+    k11 = abi.FlowKey.make(fx.CLIENT4, fx.VIPS["tcp4"].addr, 999, 80, abi.IPPROTO_TCP).pack()
+    assert imp([session(k11, [3], 1, est, now)], replace=ImportMode.NEWER) == [
+        ImportResult.WRITTEN
+    ]
+    assert lb.conns.count() == 11
     assert 0 <= set_index(keys[0], fx.SEED) < SETS
     lb.conns.wipe()
     assert lb.conns.count() == 0

@@ -73,6 +73,22 @@ SESSION_DTYPE = np.dtype(
 )  # fmt: skip
 
 
+#: ``struct xdplb_export_rec`` (an ``lb_sess_export`` record) as a numpy record.
+EXPORT_DTYPE = np.dtype(
+    {
+        "names": ["type", "set", "way", "sess"],
+        "formats": ["<u4", "<u4", "<u4", SESSION_DTYPE],
+        "offsets": [
+            abi.ExportRec.type.offset,
+            abi.ExportRec.set.offset,
+            abi.ExportRec.way.offset,
+            abi.ExportRec.sess.offset,
+        ],
+        "itemsize": ctypes.sizeof(abi.ExportRec),
+    }
+)
+
+
 class ImportResult(enum.IntEnum):
     """What an import did with one session (sessions.c, XDPLB_IMPORT_*)."""
 
@@ -81,6 +97,15 @@ class ImportResult(enum.IntEnum):
     EVICTED = 2  # over another flow's live session: the set was full
     PRESENT = 3  # the flow had a live session and replace was not asked
     BUSY = 4  # the ways stayed held by other writers
+
+
+class ImportMode(enum.IntEnum):
+    """What an import does with a flow that has a live session (sessions.c)."""
+
+    KEEP = 0  # leave it: PRESENT
+    OVERWRITE = 1  # overwrite it: REPLACED
+    NEWER = 2  # advance its last_seen when the import's is later (REPLACED), else PRESENT;
+    # nothing else of it changes (a peer's refresh must not move the flow)
 
 
 @dataclass(frozen=True)
@@ -292,12 +317,14 @@ class ConnTable(Closing):
         gen: int,
         timeouts: Sequence[int],
         now: int | None = None,
-        replace: bool = False,
+        replace: bool | ImportMode = False,
     ) -> list[ImportResult]:
         """Write ``sessions`` into their sets under the claim, as this table's generation
         ``gen`` (``lb_config``'s ``hash_seed``, ``conn_gen`` and ``conn_timeout`` say
-        where and what is live). ``replace``: a flow's live session is overwritten, else
-        kept (PRESENT). Each keeps its ``last_seen``; it is marked SESS_F_IMPORTED."""
+        where and what is live). ``replace``: True or :attr:`ImportMode.OVERWRITE`, a
+        flow's live session is overwritten; False or ``KEEP``, it is kept (PRESENT);
+        ``NEWER``, only its last-seen tick moves, forward. Each session written keeps its
+        ``last_seen``; it is marked SESS_F_IMPORTED."""
         buf = b"".join(bytes(s) for s in sessions)
         records = np.frombuffer(buf, dtype=SESSION_DTYPE)
         out = self.import_records(
@@ -313,7 +340,7 @@ class ConnTable(Closing):
         gen: int,
         timeouts: Sequence[int],
         now: int | None = None,
-        replace: bool = False,
+        replace: bool | ImportMode = False,
     ) -> npt.NDArray[np.uint8]:
         """:meth:`import_sessions` of records of :data:`SESSION_DTYPE` (as :meth:`read`
         returns them, or as :func:`records` builds them), without a Python object per
@@ -368,6 +395,11 @@ class SessionExport(Closing):
         """The records submitted so far, oldest first (at most ``limit``), consumed."""
         return [abi.ExportRec.from_buffer_copy(raw) for raw in self._ring.drain(limit)]
 
+    def drain_records(self, limit: int | None = None) -> npt.NDArray[np.void]:
+        """:meth:`drain` as records of :data:`EXPORT_DTYPE`, no Python object a record."""
+        raws = self._ring.drain(limit)
+        return np.frombuffer(b"".join(raws), dtype=EXPORT_DTYPE).copy()
+
     def close(self) -> None:
         self._ring.close()
 
@@ -398,6 +430,14 @@ def records(
 def _live(
     recs: npt.NDArray[np.void], gen: int | None, timeouts: Sequence[int] | None, now: int
 ) -> int:
+    return int(np.count_nonzero(live_mask(recs, gen, timeouts, now)))
+
+
+def live_mask(
+    recs: npt.NDArray[np.void], gen: int | None, timeouts: Sequence[int] | None, now: int
+) -> npt.NDArray[np.bool_]:
+    """Which records of :data:`SESSION_DTYPE` are of generation ``gen`` and within
+    ``timeouts`` (ticks) at tick ``now`` (either check left out when None)."""
     keep = np.ones(len(recs), dtype=bool)
     if gen is not None:
         keep &= recs["gen"] == gen
@@ -405,7 +445,7 @@ def _live(
         age = (np.uint32(now) - recs["last_seen"]).astype(np.uint32).view(np.int32)
         age = np.maximum(age, 0).astype(np.uint32)
         keep &= age <= np.asarray(timeouts, dtype=np.uint32)[recs["state"] & 3]
-    return int(np.count_nonzero(keep))
+    return keep
 
 
 class TornRead(RuntimeError):

@@ -123,6 +123,15 @@ enum {
 	XDPLB_IMPORT_BUSY = 4,		/* the set stayed held by other writers */
 };
 
+/* What an import does with a flow that has a live session (the `replace` argument). */
+enum {
+	XDPLB_IMPORT_KEEP = 0,		/* leave it (PRESENT) */
+	XDPLB_IMPORT_OVERWRITE = 1,	/* overwrite it (REPLACED) */
+	XDPLB_IMPORT_NEWER = 2,		/* advance its last_seen to the import's when that is
+					 * later (REPLACED), else leave it (PRESENT): a peer's
+					 * refresh, which must not move the flow */
+};
+
 /* Ticks since last_seen, as lb_sess_age(): signed, a stamp ahead of now is just seen. */
 static uint32_t sess_age(uint32_t last_seen, uint32_t now)
 {
@@ -199,8 +208,19 @@ static int sess_put(struct xdplb_conn_set *s, const struct xdplb_session *in, ui
 			old_age = sess_age(c.meta.last_seen[w], now);
 		}
 	}
-	if (same != SESS_WAYS && !replace && way_live(&c, same, gen, now, timeouts))
-		return XDPLB_IMPORT_PRESENT;
+	if (same != SESS_WAYS && replace != XDPLB_IMPORT_OVERWRITE &&
+	    way_live(&c, same, gen, now, timeouts)) {
+		if (replace != XDPLB_IMPORT_NEWER ||
+		    (int32_t)(in->last_seen - c.meta.last_seen[same]) <= 0)
+			return XDPLB_IMPORT_PRESENT;
+		seq = c.meta.seq;
+		if (!__atomic_compare_exchange_n(&s->meta.seq, &seq, seq + 1, 0, __ATOMIC_SEQ_CST,
+						 __ATOMIC_RELAXED))
+			return XDPLB_IMPORT_BUSY;
+		__atomic_store_n(&s->meta.last_seen[same], in->last_seen, __ATOMIC_RELAXED);
+		__atomic_fetch_add(&s->meta.seq, 1, __ATOMIC_SEQ_CST);
+		return XDPLB_IMPORT_REPLACED;
+	}
 	w = same != SESS_WAYS ? same : free_way != SESS_WAYS ? free_way : old;
 	seq = c.meta.seq;
 	if (!__atomic_compare_exchange_n(&s->meta.seq, &seq, seq + 1, 0, __ATOMIC_SEQ_CST,
@@ -243,7 +263,8 @@ static void prefetch_set(struct xdplb_conn_set *s)
 /*
  * Import n sessions: each goes to set xdplb_sess_hash(key, seed) & mask, under this
  * table's generation gen; its last_seen is kept as given (ticks of this host's
- * clock).  replace: a flow's live session is overwritten, else left (PRESENT).  A set
+ * clock).  replace (XDPLB_IMPORT_KEEP, _OVERWRITE, _NEWER): what becomes of a flow's
+ * live session.  A set
  * held by a writer is tried again up to `tries` times.  result[i] gets each outcome.
  * Returns how many were written (WRITTEN, REPLACED or EVICTED).
  */
