@@ -16,7 +16,14 @@ from rich.table import Table
 from xdplb.cli.console import console
 from xdplb.control.interface import AclView, ChangeResult, DrainStatus
 from xdplb.control.sessions import Connection
-from xdplb.control.status import BackendStatus, ClusterStatus, MapStatus, Status, VipStatus
+from xdplb.control.status import (
+    BackendStatus,
+    ClusterStatus,
+    MapStatus,
+    Status,
+    SyncStatus,
+    VipStatus,
+)
 
 
 def print_json(doc: object) -> None:
@@ -387,3 +394,35 @@ def print_cluster(cl: ClusterStatus) -> None:
                 style="red" if n.tables_differ else "",
             )
         console.print(nodes)
+    if cl.sync is not None:
+        _print_sync(cl.sync)
+
+
+def _print_sync(sy: SyncStatus) -> None:
+    """Session sync: synced or why not, each peer's subscription, what was refused."""
+    where = f"session sync as {sy.node} on {sy.listen}"
+    if sy.ready:
+        console.print(f"{where}: synced; {sy.sent} entries sent")
+    else:
+        console.print(f"{where}: not synced: {sy.waiting_for}", style="red")
+    peers = Table(
+        "peer", "address", "state", "copies", "last copy", "received", "imported", "error",
+        box=None, pad_edge=False,
+    )  # fmt: skip
+    for p in sy.peers:
+        last = "-" if p.last_copy_entries is None else (
+            f"{p.last_copy_entries} in {p.last_copy_ms:.0f} ms"
+        )  # fmt: skip
+        peers.add_row(
+            p.node, p.address, p.state, str(p.copies), last, str(p.received), str(p.imported),
+            p.error or "-", style="" if p.state == "synced" else "red",
+        )  # fmt: skip
+    console.print(peers)
+    console.print(f"followed by: {', '.join(sy.subscribers) or 'nobody'}")
+    if sy.refused:
+        refused = ", ".join(f"{r} {n}" for r, n in sorted(sy.refused.items()))
+        console.print(f"refused messages: {refused}", style="red")
+    if sy.skipped:
+        console.print(
+            "entries not imported: " + ", ".join(f"{w} {n}" for w, n in sorted(sy.skipped.items()))
+        )

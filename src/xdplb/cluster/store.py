@@ -63,6 +63,9 @@ class NodeReport:
     health: dict[str, dict[str, bool]] = field(default_factory=dict)
     #: Its BGP sessions: peer -> BIRD's state and info.
     sessions: dict[str, str] = field(default_factory=dict)
+    #: Its session sync: its name on the wire and ``sync.listen`` (empty without sync).
+    sync_node: str = ""
+    sync_address: str = ""
     at: float = 0.0
 
     def encode(self) -> bytes:
@@ -110,6 +113,7 @@ class FleetMember:
         agree: Callable[[frozenset[Member] | None], None] = lambda down: None,
         tables: Callable[[], dict[str, bytes]] = dict,
         adopt: Callable[[Mapping[str, bytes], bool], None] = lambda tables, follow: None,
+        on_nodes: Callable[[Mapping[str, NodeReport]], None] = lambda nodes: None,
     ) -> None:
         self.cfg = cfg
         self.node = node
@@ -123,6 +127,8 @@ class FleetMember:
         #: step on from them as the new leader).
         self._tables = tables
         self._adopt = adopt
+        #: Called with every live node's report after each read (session sync's peers).
+        self._on_nodes = on_nodes
         self._leading = False
         self._written: dict[str, bytes] = {}
         self._read: dict[bytes, tuple[int, bytes]] = {}
@@ -158,6 +164,8 @@ class FleetMember:
             announced=base.announced,
             health=base.health,
             sessions=base.sessions,
+            sync_node=base.sync_node,
+            sync_address=base.sync_address,
             at=time.time(),
         )
 
@@ -249,6 +257,7 @@ class FleetMember:
                         nodes[rep.node] = rep
                 self.state.nodes = nodes
                 self._agree(agreed_down(nodes.values()))
+                self._on_nodes(nodes)
                 await self._share_beamer(client, nodes)
                 if watch.done():
                     watch.result()  # the watch's error: a new session

@@ -43,6 +43,7 @@ from xdplb.config.checks import (
 from xdplb.config.health import HealthCheckConfig
 from xdplb.core import abi, paths
 from xdplb.core.addresses import IPAddress, IPNetwork
+from xdplb.core.errors import ConfigError
 from xdplb.core.state import DEFAULT_TIMEOUTS, timeout_ticks
 
 
@@ -422,6 +423,9 @@ class VipConfig(_Model):
     load_feedback: bool = False
     """Let the backends' reported load move their weights (needs the top-level
     ``load_feedback`` section)."""
+    sync: bool = True
+    """With ``sync`` configured: this VIP's sessions are sent to and taken from the other
+    nodes; false: its flows rely on consistent hashing alone."""
     icmp_echo: bool = False
     """Answer ICMP/ICMPv6 echo requests to this VIP's address in lb_xdp (set on any VIP of
     an address, it applies to the address)."""
@@ -617,6 +621,86 @@ class ClusterConfig(_Model):
         return host, int(port or 2379)
 
 
+#: A node's name on the sync wire (docs/sync.md: 16 bytes in every message's header).
+SYNC_NODE = r"^[A-Za-z0-9._-]{1,16}$"
+
+
+class SyncPeerConfig(_Model):
+    """Another balancer node this one takes sessions from (and serves them to)."""
+
+    node: Annotated[str, Field(pattern=SYNC_NODE)]
+    """Its node name (``sync.node`` of its own configuration): every message it sends
+    carries it."""
+    address: Annotated[str, Field(pattern=_HOST_PORT)]
+    """Its ``sync.listen``: ``address:port`` (``[v6]:port``)."""
+
+    @property
+    def endpoint(self) -> tuple[str, int]:
+        return _split_host_port(self.address)
+
+
+class SyncConfig(_Model):
+    """Session sync between balancer nodes (docs/sync.md, MGW's): new sessions stream to
+    every peer as they are made; a starting node first takes a full copy from every peer
+    and announces (``bgp``) only once each copy's count and digest matched."""
+
+    listen: Annotated[str, Field(pattern=_HOST_PORT)]
+    """``address:port`` (``[v6]:port``) where peers subscribe: a private address of the
+    balancers (messages are authenticated, not encrypted)."""
+    node: Annotated[str, Field(pattern=SYNC_NODE)] | None = None
+    """This node's name on the wire; default: ``cluster.node``, else the instance name
+    (either must then fit: 1 to 16 of ``A-Z a-z 0-9 . _ -``)."""
+    key: Annotated[str, Field(pattern=r"^([0-9A-Fa-f]{2}){16,64}$")] | None = None
+    """The shared key of every message's HMAC-SHA256, hex (16 to 64 bytes): the same on
+    every node."""
+    key_file: Annotated[Path, Field(strict=False)] | None = None
+    """Read the key from this file instead (hex, its first line)."""
+    peers: list[SyncPeerConfig] = Field(default_factory=list, fail_fast=True)
+    """The other nodes. With ``cluster``, the live nodes of the fleet's store that publish
+    a sync address are peers too."""
+    batch_delay_ms: Annotated[int, Field(ge=1, le=1000)] = 10
+    """New sessions wait at most this long to be sent, batched."""
+    refresh_interval: Annotated[float, Field(ge=0.1, le=3600)] = 5.0
+    """Seconds between two scans that send every session that saw a packet since the
+    last one, so that a peer's copy of a live session does not expire and a dead one
+    expires everywhere (within this much of each other)."""
+    copy_timeout: Annotated[float, Field(gt=0, le=3600)] = 30.0
+    """Seconds a peer's full copy may take (subscribe to END) before it is asked again."""
+    unreachable_after: Annotated[float, Field(ge=0, le=3600)] = 5.0
+    """Seconds a starting node tries to reach a peer before it stops waiting for its copy
+    (a peer that answers and then delays its END is waited for)."""
+
+    @model_validator(mode="after")
+    def _check(self) -> SyncConfig:
+        if (self.key is None) == (self.key_file is None):
+            raise FieldError("key", "give key or key_file (one of them)")
+        names = [p.node for p in self.peers]
+        if len(set(names)) != len(names):
+            raise FieldError("peers", "a node is listed twice")
+        return self
+
+    @property
+    def address(self) -> tuple[str, int]:
+        return _split_host_port(self.listen)
+
+    def secret(self) -> bytes:
+        """The key's bytes (``key``, or ``key_file``'s first line); ConfigError naming the
+        field if it cannot be read."""
+        if self.key is not None:
+            return bytes.fromhex(self.key)
+        assert self.key_file is not None
+        try:
+            text = self.key_file.read_text().splitlines()[0].strip()
+            raw = bytes.fromhex(text)
+        except (OSError, IndexError, ValueError) as e:
+            raise ConfigError(
+                "sync.key_file", f"{self.key_file}: no hex key on its first line ({e})"
+            ) from None
+        if not 16 <= len(raw) <= 64:
+            raise ConfigError("sync.key_file", f"{self.key_file}: the key must be 16 to 64 bytes")
+        return raw
+
+
 #: The fields of a configuration that the fleet's document in the store sets for every
 #: node; the rest (interfaces, addresses, API, BGP, map sizes) stays each node's own.
 FLEET_FIELDS = ("hash_seed", "table_size", "load_feedback", "acl", "flood", "sessions", "vips")
@@ -655,6 +739,9 @@ class Config(_Model):
     """Announce the VIPs over BGP; absent: something else routes them here."""
     cluster: ClusterConfig | None = None
     """The fleet's configuration from a store (etcd); none: this file is all of it."""
+    sync: SyncConfig | None = None
+    """Session sync with the other balancer nodes; absent: flows that move between nodes
+    rely on consistent hashing alone."""
     vips: list[VipConfig] = Field(default_factory=list, fail_fast=True)
 
     @field_validator("table_size")
@@ -704,6 +791,26 @@ class Config(_Model):
                         f"{vip.address}/{vip.protocol}"
                     )
         return v
+
+    @property
+    def sync_node(self) -> str | None:
+        """This node's name on the sync wire (None without ``sync``)."""
+        if self.sync is None:
+            return None
+        return self.sync.node or (self.cluster.node if self.cluster else None) or self.instance
+
+    @model_validator(mode="after")
+    def _sync_node(self) -> Config:
+        name = self.sync_node
+        if name is not None and not re.match(SYNC_NODE, name):
+            raise FieldError(
+                "sync.node",
+                f"required: the default name {name!r} (cluster.node or instance) does not "
+                "fit 1 to 16 of A-Z a-z 0-9 . _ -",
+            )
+        if self.sync is not None and name in {p.node for p in self.sync.peers}:
+            raise FieldError("sync.peers", f"lists this node ({name}) itself")
+        return self
 
     @model_validator(mode="after")
     def _tunnel_sources(self) -> Config:

@@ -109,6 +109,8 @@ def desired_config(cfg: Config, hz: int = DEFAULT_HZ) -> LbConfig:
     flags = acl_flags(cfg.acl, abi.CFG_F_ACL, abi.CFG_F_ACL_DENY)
     if cfg.tunnel.icmp_too_big:
         flags |= abi.CFG_F_PTB
+    if cfg.sync is not None and any(v.sync for v in cfg.vips):
+        flags |= abi.CFG_F_EXPORT  # session sync reads lb_sess_export
     return LbConfig(
         cfg.tunnel.source_v4,
         cfg.tunnel.source_v6,

@@ -55,6 +55,7 @@ from xdplb.control.status import (
     MapsView,
     Status,
     StoreStatus,
+    SyncStatus,
     Traffic,
     VipView,
     build,
@@ -151,6 +152,7 @@ class Runtime:
         #: the fleet's store (with a cluster section), for the status.
         self.bgp_view: Callable[[], BgpStatus | None] = lambda: None
         self.store_view: Callable[[], StoreStatus | None] = lambda: None
+        self.sync_view: Callable[[], SyncStatus | None] = lambda: None
         #: Interface -> why it runs at its hook (xdplb status).
         self.hook_why: dict[str, str] = {}
         self.dirty = False
@@ -493,6 +495,8 @@ class Runtime:
             raise ConfigError("bgp", "adding or removing it needs a restart")
         if cfg.cluster != self.running.cluster:
             raise ConfigError("cluster", "changing the store needs a restart")
+        if cfg.sync != self.running.sync:
+            raise ConfigError("sync", "changing session sync needs a restart")
 
     def _with_fleet(self, local: Config) -> Config:
         """``local`` with the fleet's document over it, when there is one."""
@@ -700,8 +704,10 @@ class Runtime:
         return out
 
     def cluster(self) -> ClusterStatus | None:
-        bgp, store = self.bgp_view(), self.store_view()
-        return None if bgp is None and store is None else ClusterStatus(bgp=bgp, store=store)
+        bgp, store, sync = self.bgp_view(), self.store_view(), self.sync_view()
+        if bgp is None and store is None and sync is None:
+            return None
+        return ClusterStatus(bgp=bgp, store=store, sync=sync)
 
     def traffic(self) -> Traffic:
         """The VIPs' and backends' counters alone, for the rate history: a few lookups

@@ -207,11 +207,64 @@ class StoreStatus(_Out):
     nodes: list[FleetNode]
 
 
+class SyncPeerStatus(_Out):
+    """This node's subscription to one peer's sessions (docs/sync.md)."""
+
+    node: str
+    address: str
+    state: str
+    """``connecting``, ``copying`` (its full copy under way), ``synced`` (copied, now
+    following its new sessions), ``unreachable`` (never answered within
+    ``sync.unreachable_after``: not waited for) or ``retrying`` (the last attempt failed:
+    ``error`` says why)."""
+    error: str
+    """Why the last subscription ended (a refused message, a copy that timed out or did
+    not match, the connection lost); empty if none did."""
+    copies: int
+    """Full copies taken from it whose count and digest matched."""
+    last_copy_entries: int | None
+    last_copy_ms: float | None
+    """Milliseconds from the subscription to its matching END."""
+    received: int
+    """Entries received from it (copies included)."""
+    imported: int
+    """Of those, the ones written into this node's table."""
+
+
+class SyncStatus(_Out):
+    """Session sync (docs/sync.md): whether this node is synced, with whom, and what
+    it sent, took and refused."""
+
+    node: str
+    listen: str
+    ready: bool
+    """Every peer that answered has given a full copy that matched: the node may
+    announce."""
+    waiting_for: str
+    """Why not ready (empty when ready)."""
+    peers: list[SyncPeerStatus]
+    subscribers: list[str]
+    """Peers that follow this node's sessions now."""
+    sent: int
+    """Entries sent (to every subscriber, once each)."""
+    refused: dict[str, int]
+    """Messages refused, by reason (docs/sync.md, "The wire"): never imported."""
+    skipped: dict[str, int]
+    """Entries received and not imported, by why: ``unknown_backend`` (a hop this node
+    has no backend of), ``not_synced`` (a flow to no VIP of this node that syncs),
+    ``busy`` (its set stayed held by writers)."""
+    overflows: int
+    """Subscribers dropped because they fell too far behind (they subscribe again, with a
+    full copy)."""
+
+
 class ClusterStatus(_Out):
-    """The node's part in the cluster: BGP, the fleet's store (each None if not set)."""
+    """The node's part in the cluster: BGP, the fleet's store, session sync (each None
+    if not set)."""
 
     bgp: BgpStatus | None = None
     store: StoreStatus | None = None
+    sync: SyncStatus | None = None
 
 
 class Status(_Out):

@@ -5,5 +5,5 @@
 who calls the API), :mod:`~xdplb.daemon.metrics` (Prometheus),
 ``web/`` (the status page), :mod:`~xdplb.daemon.privileges` (the capabilities it keeps).
 
-May import: core, tables, config, datapath, health, agent, control, cluster.
+May import: core, tables, config, datapath, health, agent, control, cluster, sync.
 """

@@ -30,7 +30,7 @@ import signal
 import socket
 import stat
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 
 import uvicorn
@@ -53,6 +53,9 @@ from xdplb.daemon.history import History
 from xdplb.daemon.logs import CallerMiddleware
 from xdplb.daemon.metrics import Metrics
 from xdplb.daemon.serving import server_options
+from xdplb.datapath.conns import SessionExport
+from xdplb.sync.convert import ViewCache
+from xdplb.sync.node import SyncNode, SyncSource
 
 log = logging.getLogger("xdplb.daemon.main")
 
@@ -155,6 +158,10 @@ class Daemon:
         self._reload = False
         #: The BGP speaker, with ``bgp`` configured (started by :meth:`serve`).
         self.announcer: Announcer | None = None
+        #: Session sync, with ``sync`` configured (started by :meth:`serve`).
+        self.sync: SyncNode | None = None
+        #: Its key, read while the daemon may still read a root-only file.
+        self._sync_key = self.rt.running.sync.secret() if self.rt.running.sync else b""
 
     def reload(self, why: str) -> bool:
         """Re-read the file; apply it if valid and it drops no change made through the
@@ -243,7 +250,26 @@ class Daemon:
                 )
                 self.announcer.start()
                 rt.bgp_view = self.announcer.state
+            if (sync := rt.running.sync) is not None:
+                self.sync = SyncNode(
+                    sync,
+                    rt.running.sync_node,  # type: ignore[arg-type]
+                    self._sync_key,
+                    SyncSource(
+                        rt.dp.conns,
+                        SessionExport(rt.dp["lb_sess_export"]),
+                        ViewCache(lambda: rt.applied, lambda: rt.running),
+                    ),
+                )
+                if rt.running.cluster is not None and not sync.peers:
+                    self.sync.wait_for_fleet()
+                await self.sync.start()  # OSError: sync.listen cannot be bound
+                rt.sync_view = self.sync.status
         except BaseException:
+            if self.sync is not None:
+                await self.sync.close()
+            if self.announcer is not None:
+                self.announcer.close()
             sock.close()
             _remove_socket_file(sock_file)
             rt.close()
@@ -275,6 +301,8 @@ class Daemon:
         ]
         if self.announcer is not None:
             tasks.append(asyncio.create_task(self._announce(self.announcer), name="bgp"))
+        if self.sync is not None:
+            tasks.append(asyncio.create_task(self.sync.run(), name="sync"))
         if (cluster := rt.running.cluster) is not None:
             fleet = FleetMember(
                 cluster,
@@ -284,6 +312,7 @@ class Daemon:
                 agree=rt.set_agreed_down,
                 tables=rt.beamer_tables,
                 adopt=lambda tables, follow: rt.adopt_beamer(tables, follow=follow),
+                on_nodes=self._fleet_nodes,
             )
             rt.store_view = fleet.status
             rt.on_local_health = fleet.poke
@@ -349,8 +378,10 @@ class Daemon:
                 failure = f"the self-check raised {e!r}"
             vips = {v.address for v in rt.running.vips}
             was_passing = announcer.passing
+            # A node that has not its peers' sessions yet is not failing: it waits.
+            waiting = self.sync.waiting_for() if self.sync is not None else None
             try:
-                announcer.update(failure, vips, time.monotonic())
+                announcer.update(failure, vips, time.monotonic(), waiting=waiting)
             except BirdError as e:
                 log.error("bgp: %s", e)
             # The fence: when a node that served starts failing (not one never healthy).
@@ -362,6 +393,7 @@ class Daemon:
         """What this node serves, for the fleet's store (FleetMember adds the rest)."""
         announcer = self.announcer
         sessions = {s.peer: s.state for s in announcer.sessions(2.0)} if announcer else {}
+        sync = self.rt.running.sync
         return NodeReport(
             node="",
             revision=None,
@@ -369,7 +401,16 @@ class Daemon:
             announced=announcer.announced if announcer else [],
             health=self.rt.local_health(),
             sessions=sessions,
+            sync_node=self.rt.running.sync_node or "",
+            sync_address=sync.listen if sync else "",
         )
+
+    def _fleet_nodes(self, nodes: Mapping[str, NodeReport]) -> None:
+        """The fleet's live nodes: those that sync are this node's sync peers too."""
+        if self.sync is not None:
+            self.sync.set_fleet_peers(
+                {r.sync_node: r.sync_address for r in nodes.values() if r.sync_address}
+            )
 
     async def _withdraw(self, announcer: Announcer) -> None:
         """Withdraw every VIP, give the routers ``bgp.drain`` seconds to move the flows

@@ -25,7 +25,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.registry import Collector
 
 from xdplb.control.interface import Controller
-from xdplb.control.status import Admin, BgpStatus, Health, Status, StoreStatus
+from xdplb.control.status import Admin, BgpStatus, Health, Status, StoreStatus, SyncStatus
 
 log = logging.getLogger("xdplb.daemon.metrics")
 
@@ -207,6 +207,8 @@ def families(st: Status) -> Iterator[Metric]:
         yield from bgp_families(st, st.cluster.bgp)
     if st.cluster is not None and st.cluster.store is not None:
         yield from store_families(st.cluster.store)
+    if st.cluster is not None and st.cluster.sync is not None:
+        yield from sync_families(st.cluster.sync)
 
 
 def bgp_families(st: Status, cl: BgpStatus) -> Iterator[Metric]:
@@ -264,6 +266,62 @@ def store_families(store: StoreStatus) -> Iterator[Metric]:
     for n in store.nodes:
         differ.add_metric([n.node], len(n.tables_differ))
     yield differ
+
+
+def sync_families(sync: SyncStatus) -> Iterator[Metric]:
+    """With a sync section: is the node synced, with whom, what it sent, took, refused."""
+    yield GaugeMetricFamily(
+        "xdplb_sync_ready",
+        "1 once every peer that answered gave a full copy that matched (the node may announce)",
+        int(sync.ready),
+    )
+    synced = GaugeMetricFamily(
+        "xdplb_sync_peer_synced",
+        "1 while this node follows the peer's sessions after a matching full copy",
+        labels=["peer"],
+    )
+    copies = CounterMetricFamily(
+        "xdplb_sync_copies", "Full copies taken from the peer that matched", labels=["peer"]
+    )
+    received = CounterMetricFamily(
+        "xdplb_sync_received_entries", "Entries received from the peer", labels=["peer"]
+    )
+    imported = CounterMetricFamily(
+        "xdplb_sync_imported_entries",
+        "Entries from the peer written into this node's session table",
+        labels=["peer"],
+    )
+    for p in sync.peers:
+        synced.add_metric([p.node], int(p.state == "synced"))
+        copies.add_metric([p.node], p.copies)
+        received.add_metric([p.node], p.received)
+        imported.add_metric([p.node], p.imported)
+    yield from (synced, copies, received, imported)
+    yield CounterMetricFamily(
+        "xdplb_sync_sent_entries", "Entries sent to subscribers (once to each)", sync.sent
+    )
+    yield GaugeMetricFamily(
+        "xdplb_sync_subscribers", "Peers that follow this node's sessions", len(sync.subscribers)
+    )
+    refused = CounterMetricFamily(
+        "xdplb_sync_refused_messages",
+        "Messages refused (never imported), by reason",
+        labels=["reason"],
+    )
+    for reason, n in sorted(sync.refused.items()):
+        refused.add_metric([reason], n)
+    yield refused
+    skipped = CounterMetricFamily(
+        "xdplb_sync_skipped_entries", "Entries received and not imported, by why", labels=["why"]
+    )
+    for why, n in sorted(sync.skipped.items()):
+        skipped.add_metric([why], n)
+    yield skipped
+    yield CounterMetricFamily(
+        "xdplb_sync_overflows",
+        "Subscribers dropped for falling too far behind",
+        sync.overflows,
+    )
 
 
 class Metrics:

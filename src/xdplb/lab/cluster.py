@@ -69,6 +69,25 @@ def bgp_section(lab: Lab, *, hold_down: float = 0.5, drain: float = 0.5) -> dict
     return {"asn": NODE_ASN, "peers": peers, "hold_down": hold_down, "drain": drain}
 
 
+#: The lab's session sync: its port on every LB node and its shared key (lab only).
+SYNC_PORT = 7946
+SYNC_KEY = "6c61622d73796e632d6b65792d6f662d74686520786470"  # "lab-sync-key-of-the xdp"
+
+
+def sync_section(lab: Lab, node: str, peers: Iterable[str], **extra: Any) -> dict[str, Any]:
+    """A node's ``sync`` configuration: listening on its segment address, the other LB
+    nodes ``peers`` as its peers."""
+    return {
+        "listen": f"{lab.addr(node, 4)}:{SYNC_PORT}",
+        "node": node,
+        "key": SYNC_KEY,
+        "peers": [
+            {"node": p, "address": f"{lab.addr(p, 4)}:{SYNC_PORT}"} for p in peers if p != node
+        ],
+        **extra,
+    }
+
+
 def _family(prefix: str) -> int:
     return 6 if ":" in prefix else 4
 
@@ -206,8 +225,9 @@ def flow_key(lab: Lab, vip: str, sport: int, dport: int, proto: int = socket.IPP
 
 
 def session_ages(nodes: Sequence[LbNode], keys: Iterable[bytes]) -> dict[bytes, dict[str, float]]:
-    """For each flow key, the seconds since each node's session of it saw a packet (the
-    nodes that have none left out)."""
+    """For each flow key, the seconds since each node's session of it saw a packet there
+    (the nodes that have none left out, and those whose session only a peer's session
+    sync has written: lb_xdp clears SESS_F_IMPORTED when a packet uses it)."""
     want = set(keys)
     out: dict[bytes, dict[str, float]] = {k: {} for k in want}
     per_tick = 1.0 / hz()
@@ -215,7 +235,7 @@ def session_ages(nodes: Sequence[LbNode], keys: Iterable[bytes]) -> dict[bytes, 
         with node.maps() as maps:
             now = now_ticks()
             for e in maps.conns.iter_entries():
-                if e.key in want:
+                if e.key in want and not e.flags & abi.SESS_F_IMPORTED:
                     age = e.age(now) * per_tick
                     out[e.key][node.node] = min(age, out[e.key].get(node.node, age))
     return out
