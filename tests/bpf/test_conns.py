@@ -121,9 +121,7 @@ def test_import_get_and_entries(lb: Lb) -> None:
     ]
     now = now_ticks()
 
-    def imp(
-        sessions: list[abi.Session], replace: bool | ImportMode = False
-    ) -> list[ImportResult]:
+    def imp(sessions: list[abi.Session], replace: bool | ImportMode = False) -> list[ImportResult]:
         return lb.conns.import_sessions(
             sessions,
             seed=cfg.seed,
@@ -167,9 +165,7 @@ def test_import_get_and_entries(lb: Lb) -> None:
     assert (fresh.hops, fresh.hash, fresh.last_seen, fresh.way) == ((7, 2), 9, now + 3, got.way)
     # ... and a flow without a session gets the whole one.
     k11 = abi.FlowKey.make(fx.CLIENT4, fx.VIPS["tcp4"].addr, 999, 80, abi.IPPROTO_TCP).pack()
-    assert imp([session(k11, [3], 1, est, now)], replace=ImportMode.NEWER) == [
-        ImportResult.WRITTEN
-    ]
+    assert imp([session(k11, [3], 1, est, now)], replace=ImportMode.NEWER) == [ImportResult.WRITTEN]
     assert lb.conns.count() == 11
     assert 0 <= set_index(keys[0], fx.SEED) < SETS
     lb.conns.wipe()
