@@ -14,6 +14,10 @@ for the comparison (and required to be some, or the scenario would prove nothing
 
 from __future__ import annotations
 
+import contextlib
+import socket
+import threading
+import time
 from contextlib import ExitStack
 from pathlib import Path
 from typing import Any
@@ -21,19 +25,24 @@ from typing import Any
 import pytest
 
 from xdplb.lab.cluster import (
+    SYNC_PORT,
     Event,
     RouteReader,
+    UdpFlows,
     bgp_section,
     bring_back,
+    flow_key,
     log_since,
     sync_section,
     take_out,
     wait_route,
 )
-from xdplb.lab.cluster_flows import ADDED, PREFIXES, Flows, Kind, cluster, vips
+from xdplb.lab.cluster_flows import ADDED, PREFIXES, UDP, VIPS, Flows, Kind, cluster, vips
 from xdplb.lab.lbnode import LbNode
+from xdplb.lab.router import route_nexthops
 from xdplb.lab.topology import Lab
 from xdplb.lab.wait import wait_for
+from xdplb.sync import wire
 
 pytestmark = pytest.mark.e2e
 
@@ -189,3 +198,103 @@ def test_without_session_sync_flows_break(tmp_path: Path) -> None:
         total = ev.total()
         print(f"without session sync, broken in all: {total}")
         assert total[("maglev", "tcp")] > 0, ev.broken
+
+
+class HoldingProxy:
+    """A TCP proxy in node ``ns``'s namespace between a subscriber there and its
+    publisher ``upstream``: it forwards both ways, but holds the publisher's frames from
+    its first END on until :meth:`release` (a peer slow to finish its copy)."""
+
+    def __init__(self, lab: Lab, ns: str, upstream: tuple[str, int]) -> None:
+        self.lab, self.ns, self.upstream = lab, ns, upstream
+        with lab.enter(ns):
+            self.sock = socket.create_server(("127.0.0.1", 0))
+        self.port = self.sock.getsockname()[1]
+        self.holding = threading.Event()
+        self._release = threading.Event()
+        self._conns: list[socket.socket] = []
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def _accept(self) -> None:
+        while True:
+            try:
+                down, _ = self.sock.accept()
+            except OSError:
+                return
+            with self.lab.enter(self.ns):
+                up = socket.create_connection(self.upstream)
+            self._conns += [down, up]
+            threading.Thread(target=self._copy, args=(down, up), daemon=True).start()
+            threading.Thread(target=self._frames, args=(up, down), daemon=True).start()
+
+    @staticmethod
+    def _copy(src: socket.socket, dst: socket.socket) -> None:
+        with contextlib.suppress(OSError):
+            while data := src.recv(65536):
+                dst.sendall(data)
+
+    def _frames(self, src: socket.socket, dst: socket.socket) -> None:
+        with contextlib.suppress(OSError):
+            while raw := src.recv(wire.HEADER_SIZE, socket.MSG_WAITALL):
+                h = wire.parse_header(raw)
+                rest = src.recv(h.body_len + wire.MAC_SIZE, socket.MSG_WAITALL)
+                if h.type is wire.MsgType.END and not self._release.is_set():
+                    self.holding.set()
+                    self._release.wait()
+                dst.sendall(raw + rest)
+
+    def release(self) -> None:
+        self._release.set()
+
+    def close(self) -> None:
+        self._release.set()
+        for s in [self.sock, *self._conns]:
+            s.close()
+
+
+def table_keys(node: LbNode, keys: list[bytes]) -> set[bytes]:
+    with node.maps() as maps:
+        return {e.key for e in maps.conns.iter_entries() if e.key in set(keys)}
+
+
+def test_a_peer_that_delays_its_end_keeps_the_joining_node_withdrawn(tmp_path: Path) -> None:
+    """lb2 joins lb; lb's copy reaches lb2 through a proxy that holds its END. Meanwhile
+    lb2 stays out of the route, and new flows through lb make sessions that lb sends
+    after the END: once it arrives, lb2 is synced, announces, and holds those too."""
+    vip = VIPS["maglev"]
+    with cluster(lbs=2, backends=3) as lab, ExitStack() as stack:
+        a = LbNode(lab, tmp_path, node="lb", **node_config(lab, "lb", lab.backends, True))
+        a.start()
+        wait_route(lab, PREFIXES, ["lb"], "lb in the route")
+        before = UdpFlows(lab, vip, 8, UDP)
+        stack.callback(before.close)
+        before.backends()
+        proxy = HoldingProxy(lab, "lb2", (str(lab.addr("lb")), SYNC_PORT))
+        stack.callback(proxy.close)
+        cfg = node_config(lab, "lb2", lab.backends, True)
+        cfg["sync"]["peers"] = [{"node": "lb", "address": f"127.0.0.1:{proxy.port}"}]
+        b = LbNode(lab, tmp_path, node="lb2", **cfg)
+        b.start()
+        wait_for(proxy.holding.is_set, "lb's END held on its way to lb2")
+        during = UdpFlows(lab, vip, 8, UDP)  # through lb alone: lb2 does not announce
+        stack.callback(during.close)
+        during.backends()
+        new_keys = [flow_key(lab, vip, p, UDP, socket.IPPROTO_UDP) for p in during.ports]
+        t_end = time.monotonic() + 2.0
+        while time.monotonic() < t_end:  # withdrawn for as long as the END is held
+            st = sync_status(b)
+            assert not st["ready"] and "lb (copying)" in st["waiting_for"], st
+            assert route_nexthops(lab, vip) == [str(lab.addr("lb"))]
+            time.sleep(0.1)
+        assert table_keys(b, new_keys) == set()  # held behind the END too
+        proxy.release()
+        wait_route(lab, PREFIXES, ["lb", "lb2"], "lb2 in the route after the END")
+        st = sync_status(b)
+        assert st["ready"] and st["peers"][0]["copies"] == 1, st
+        assert wait_for(
+            lambda: table_keys(b, new_keys),
+            "the sessions made during the copy on lb2",
+            until=lambda got: got == set(new_keys),
+        )
+        log = b.log_path.read_text()
+        assert 0 <= log.find("session sync: synced with") < log.find("xdplb.cluster announcing")
