@@ -246,7 +246,8 @@ class SyncStatus(_Out):
     subscribers: list[str]
     """Peers that follow this node's sessions now."""
     sent: int
-    """Entries sent (to every subscriber, once each)."""
+    """Entries of the stream (new, changed and refreshed sessions) queued to subscribers,
+    once for each; full copies are not counted."""
     refused: dict[str, int]
     """Messages refused, by reason (docs/sync.md, "The wire"): never imported."""
     skipped: dict[str, int]
