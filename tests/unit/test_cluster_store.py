@@ -133,3 +133,4 @@ def test_the_examples_make_a_node_configuration() -> None:
     assert cfg.cluster is not None and cfg.bgp is not None
     assert [v.name for v in cfg.vips] == ["198.18.100.1:80/tcp", "198.18.100.2:443/tcp"]
     assert cfg.hash_seed == 1234567 and cfg.interfaces == node.interfaces
+    assert cfg.sync is not None and cfg.sync_node == "lb" and cfg.sync.peers == []
