@@ -490,7 +490,7 @@ CLUSTER = ClusterStatus(bgp=BGP)
 
 
 def test_cluster_without_bgp_is_404(client: TestClient) -> None:
-    assert error(client.get("/api/v1/cluster"), 404)[0].startswith("this node announces nothing")
+    assert error(client.get("/api/v1/cluster"), 404)[0].startswith("this node is in no cluster")
     assert client.get("/api/v1/status").json()["cluster"] is None
 
 

@@ -29,6 +29,8 @@ from xdplb.control.status import (
     FleetNode,
     Status,
     StoreStatus,
+    SyncPeerStatus,
+    SyncStatus,
 )
 from xdplb.core.paths import api_socket
 from xdplb.daemon.api import create_app
@@ -216,7 +218,7 @@ WHY = "probe of 198.18.100.1:80/tcp: to 198.18.0.13, the tables say to 198.18.0.
 
 def test_cluster_status(served: Served) -> None:
     code, _, err = xdplb("cluster", "status")
-    assert code == EXIT_CONFIG and "no bgp section" in err
+    assert code == EXIT_CONFIG and "no bgp, cluster or sync section" in err
     served.fake.cluster_view = ClusterStatus(
         bgp=BgpStatus(
             asn=65001,
@@ -282,6 +284,61 @@ def test_cluster_status_of_the_fleet_store(served: Served) -> None:
     rows = {line.split()[0]: line.split()[1:] for line in lines[3:]}
     assert rows["lb1"] == ["12", "13", "0.4s", "1/2", "198.18.100.1", "-"]
     assert rows["lb2"] == ["11", "-", "1.2s", "-", "-", "198.18.100.1:80/tcp"]
+
+
+def test_cluster_status_of_session_sync(served: Served) -> None:
+    served.fake.cluster_view = ClusterStatus(
+        sync=SyncStatus(
+            node="lb1",
+            listen="198.18.0.2:7946",
+            ready=False,
+            waiting_for="session sync: waiting for a full copy from lb3 (copying)",
+            peers=[
+                SyncPeerStatus(
+                    node="lb2",
+                    address="198.18.0.4:7946",
+                    state="synced",
+                    error="",
+                    copies=1,
+                    last_copy_entries=332,
+                    last_copy_ms=35.0,
+                    received=400,
+                    imported=398,
+                ),
+                SyncPeerStatus(
+                    node="lb3",
+                    address="198.18.0.5:7946",
+                    state="copying",
+                    error="refused a message: mac: the MAC does not match",
+                    copies=0,
+                    last_copy_entries=None,
+                    last_copy_ms=None,
+                    received=0,
+                    imported=0,
+                ),
+            ],
+            subscribers=["lb2"],
+            sent=1200,
+            refused={"mac": 1},
+            skipped={"unknown_backend": 2},
+            overflows=0,
+        )
+    )
+    code, out, _ = xdplb("cluster", "status")
+    assert code == EXIT_OK
+    lines = out.splitlines()
+    assert lines[0] == (
+        "session sync as lb1 on 198.18.0.2:7946: not synced: session sync: waiting for a "
+        "full copy from lb3 (copying)"
+    )
+    rows = {line.split()[0]: line.split()[1:] for line in lines[2:4]}
+    assert rows["lb2"] == ["synced", "1", "332", "in", "35", "ms", "400", "398"]
+    assert rows["lb3"] == ["copying", "0", "-", "0", "0"]
+    assert "lb3 (198.18.0.5:7946): refused a message: mac: the MAC does not match" in out
+    assert "followed by: lb2" in out and "refused messages: mac 1" in out
+    assert "entries not imported: unknown_backend 2" in out
+    code, out, _ = xdplb("cluster", "status", "--json")
+    assert ClusterStatus.model_validate_json(out) == served.fake.cluster_view
 
 
 def test_changes_reach_the_controller(served: Served) -> None:

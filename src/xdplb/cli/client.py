@@ -271,7 +271,7 @@ class Client(Closing):
         return self._get(Status, "GET", "/api/v1/status")
 
     def cluster(self) -> ClusterStatus:
-        """ApiError 404 when the daemon has no bgp section."""
+        """ApiError 404 when the daemon has no bgp, cluster or sync section."""
         return self._get(ClusterStatus, "GET", "/api/v1/cluster")
 
     def config(self) -> Config:

@@ -406,18 +406,20 @@ def _print_sync(sy: SyncStatus) -> None:
     else:
         console.print(f"{where}: not synced: {sy.waiting_for}", style="red")
     peers = Table(
-        "peer", "address", "state", "copies", "last copy", "received", "imported", "error",
-        box=None, pad_edge=False,
-    )  # fmt: skip
+        "peer", "state", "copies", "last copy", "received", "imported", box=None, pad_edge=False
+    )
     for p in sy.peers:
         last = "-" if p.last_copy_entries is None else (
             f"{p.last_copy_entries} in {p.last_copy_ms:.0f} ms"
         )  # fmt: skip
         peers.add_row(
-            p.node, p.address, p.state, str(p.copies), last, str(p.received), str(p.imported),
-            p.error or "-", style="" if p.state == "synced" else "red",
+            p.node, p.state, str(p.copies), last, str(p.received), str(p.imported),
+            style="" if p.state == "synced" else "red",
         )  # fmt: skip
     console.print(peers)
+    for p in sy.peers:
+        if p.error:
+            console.print(f"{p.node} ({p.address}): {p.error}", style="red")
     console.print(f"followed by: {', '.join(sy.subscribers) or 'nobody'}")
     if sy.refused:
         refused = ", ".join(f"{r} {n}" for r, n in sorted(sy.refused.items()))

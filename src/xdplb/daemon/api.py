@@ -478,13 +478,16 @@ def create_app(
 
     @api.get(
         "/cluster",
-        summary="The node in its cluster: VIPs announced, BGP sessions, self-checks",
-        responses={404: {"model": ErrorBody, "description": "No bgp section"}},
+        summary="The node in its cluster: BGP, the fleet's store, session sync",
+        responses={404: {"model": ErrorBody, "description": "No bgp, cluster or sync section"}},
     )
     async def get_cluster() -> ClusterStatus:
         view = _guard(ctl.cluster)
         if view is None:
-            raise ApiError(404, "this node announces nothing: its configuration has no bgp section")
+            raise ApiError(
+                404,
+                "this node is in no cluster: its configuration has no bgp, cluster or sync section",
+            )
         return view
 
     @api.get("/history", summary="Per-second rates of every VIP and backend, last minute")
