@@ -451,7 +451,8 @@ def socket_bytes(port: int) -> dict[str, int] | None:
         ).stdout
     except (OSError, subprocess.CalledProcessError):
         return None
-    got = {k: int(v) for k, v in re.findall(r"\b(bytes_sent|bytes_received):(\d+)", out)}
+    fields = r"\b(bytes_sent|bytes_acked|bytes_retrans|bytes_received|data_segs_out):(\d+)"
+    got = {k: int(v) for k, v in re.findall(fields, out)}
     return got or None
 
 
@@ -510,6 +511,7 @@ async def full_sync(
         "entries_frame_bytes": ent["bytes"],
         "bytes_per_entry": round(wire_bytes / n, 3) if n else None,
         "kernel_bytes_sent": kernel.get("bytes_sent") if kernel else None,
+        "kernel_tcp_info": kernel,
         "frames_by_type": by_type,
         "b_skipped": dict(b.skipped),
         "b_imported_results": dict(b.imported),

@@ -30,7 +30,7 @@ import logging
 import secrets
 import time
 from collections import Counter
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -38,6 +38,7 @@ import numpy.typing as npt
 
 from xdplb.config.schema import SyncConfig, SyncPeerConfig
 from xdplb.control.status import SyncPeerStatus, SyncStatus
+from xdplb.core import abi
 from xdplb.datapath.clock import now_ticks
 from xdplb.datapath.conns import ConnTable, ImportResult, SessionExport
 from xdplb.sync import convert, wire
@@ -108,6 +109,15 @@ class _Subscriber:
 
 class _Ended(Exception):
     """A subscription ended; the message says why."""
+
+
+@contextlib.contextmanager
+def _logged(what: str) -> Iterator[None]:
+    """A bug of ours in a periodic task is logged, and the task goes on."""
+    try:
+        yield
+    except Exception:
+        log.exception("session sync: %s failed", what)
 
 
 class SyncNode:
@@ -271,16 +281,18 @@ class SyncNode:
         delay = self.cfg.batch_delay_ms / 1000
         while True:
             await asyncio.sleep(delay)
-            recs = self._src.export.drain_records()
-            view = self._src.view()
-            if not len(recs) or view is None or not self._subs:
-                continue
-            sess = recs["sess"]
-            keep = convert.vip_mask(sess, view.synced)
-            if not keep.any():
-                continue
-            ops = np.where(recs["type"][keep] == 1, wire.Op.NEW, wire.Op.UPDATE).astype(np.uint8)
-            self._publish(convert.to_wire(sess[keep], ops, view, now_ticks()))
+            with _logged("sending new sessions"):
+                recs = self._src.export.drain_records()
+                view = self._src.view()
+                if not len(recs) or view is None or not self._subs:
+                    continue
+                sess = recs["sess"]
+                keep = convert.vip_mask(sess, view.synced)
+                if not keep.any():
+                    continue
+                new = recs["type"][keep] == abi.ExportType.NEW
+                ops = np.where(new, wire.Op.NEW, wire.Op.UPDATE).astype(np.uint8)
+                self._publish(convert.to_wire(sess[keep], ops, view, now_ticks()))
 
     async def _refresh(self) -> None:
         """Every ``refresh_interval``: REFRESH every session of a synced VIP that saw a
@@ -288,13 +300,14 @@ class SyncNode:
         interval = self.cfg.refresh_interval
         while True:
             await asyncio.sleep(interval)
-            view = self._src.view()
-            if view is None or not self._subs:
-                continue
-            now = now_ticks()
-            window = int(interval * view.hz) + 1
-            for chunk in await self._scan(view, now, window):
-                self._publish(convert.to_wire(chunk, wire.Op.REFRESH, view, now))
+            with _logged("refreshing sessions"):
+                view = self._src.view()
+                if view is None or not self._subs:
+                    continue
+                now = now_ticks()
+                window = int(interval * view.hz) + 1
+                for chunk in await self._scan(view, now, window):
+                    self._publish(convert.to_wire(chunk, wire.Op.REFRESH, view, now))
 
     async def _scan(
         self, view: TableView, now: int, used_within: int | None = None
@@ -406,6 +419,9 @@ class SyncNode:
                 log.warning("session sync: from %s: %s; subscribing again", p.cfg.node, e)
             except (OSError, EOFError) as e:
                 p.error = f"connection lost: {e}"
+            except Exception as e:  # a bug of ours: said, and the subscription starts again
+                log.exception("session sync: following %s failed", p.cfg.node)
+                p.error = f"failed: {e!r}"
             finally:
                 writer.close()
             p.state = "retrying"
@@ -424,9 +440,9 @@ class SyncNode:
         copying, begun = True, None
         digest = wire.CopyDigest()
         while True:
-            limit = 3 * KEEPALIVE
-            if copying:
-                limit = min(limit, deadline - time.monotonic())
+            # A copy has its own deadline (the publisher reads its whole table before its
+            # BEGIN, which may take longer than keepalives are apart).
+            limit = deadline - time.monotonic() if copying else 3 * KEEPALIVE
             try:
                 got = await asyncio.wait_for(wire.read_frame(reader, self._key), max(limit, 0))
             except TimeoutError:
