@@ -105,7 +105,13 @@ WAIT_TIMEOUT = 300.0
 
 
 def node_config(
-    instance: str, node: str, port: int, key: str, conn_table: int, peers: list[dict[str, str]]
+    instance: str,
+    node: str,
+    port: int,
+    key: str,
+    conn_table: int,
+    peers: list[dict[str, str]],
+    refresh: float = 5.0,
 ) -> dict[str, Any]:
     return {
         "instance": instance,
@@ -119,6 +125,7 @@ def node_config(
             "key": key,
             "peers": peers,
             "batch_delay_ms": BATCH_DELAY_MS,
+            "refresh_interval": refresh,
             "copy_timeout": 600,
         },
         "vips": [
@@ -573,10 +580,11 @@ async def incremental(a: ChildA, b: SyncNode, total: int, batches: list[int]) ->
 
 def lag_flows(
     fr: Frames, lb_b: LbDatapath, seed_b: int, n: int, spacing: float, ifindex: int
-) -> tuple[list[float], int]:
+) -> tuple[list[float], list[float], int]:
     """In the frames' thread: one SYN at a time through A, then B's table polled for it."""
     prog = fr.lb.program
     lags: list[float] = []
+    when: list[float] = []
     missing = 0
     start = time.monotonic()
     for k in range(n):
@@ -592,10 +600,11 @@ def lag_flows(
             time.sleep(POLL)
         else:
             lags.append((time.monotonic() - t0) * 1000)
+            when.append(t0 - start)
         pause = start + (k + 1) * spacing - time.monotonic()
         if pause > 0:
             time.sleep(pause)
-    return lags, missing
+    return lags, when, missing
 
 
 def _pct(xs: list[float], q: float) -> float:
@@ -605,7 +614,7 @@ def _pct(xs: list[float], q: float) -> float:
 
 async def lag(fr: Frames, lb_b: LbDatapath, seed_b: int, n: int) -> dict[str, Any]:
     spacing = 0.020
-    lags, missing = await asyncio.to_thread(
+    lags, when, missing = await asyncio.to_thread(
         fr.call, lambda ifindex: lag_flows(fr, lb_b, seed_b, n, spacing, ifindex)
     )
     return {
@@ -629,6 +638,10 @@ async def lag(fr: Frames, lb_b: LbDatapath, seed_b: int, n: int) -> dict[str, An
             "mean": round(statistics.fmean(lags), 2) if lags else None,
             "min": round(min(lags), 2) if lags else None,
         },
+        # The five slowest: seconds into the run, ms.
+        "slowest": [
+            [round(w, 3), round(x, 2)] for x, w in sorted(zip(lags, when, strict=True))[-5:]
+        ],
     }
 
 
@@ -674,7 +687,7 @@ async def run(args: argparse.Namespace, inst_a: str, inst_b: str, ns: str) -> di
     hz = clock.hz()
     key = secrets.token_hex(32)
     port_a, port_b = free_ports(2)
-    raw_a = node_config(inst_a, "sa", port_a, key, args.conn_table, [])
+    raw_a = node_config(inst_a, "sa", port_a, key, args.conn_table, [], args.refresh_interval)
     raw_b = node_config(
         inst_b,
         "sb",
@@ -682,6 +695,7 @@ async def run(args: argparse.Namespace, inst_a: str, inst_b: str, ns: str) -> di
         key,
         args.conn_table,
         [{"node": "sa", "address": f"127.0.0.1:{port_a}"}],
+        args.refresh_interval,
     )
     cfg_a, cfg_b = parse_config(raw_a), parse_config(raw_b)
     assert cfg_b.sync is not None and cfg_b.sync_node is not None
@@ -761,6 +775,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--conn-table", type=int, default=None, help="limits.conn_table")
     ap.add_argument("--incremental", type=int, default=None, help="entries per run (500,000)")
     ap.add_argument("--flows", type=int, default=None, help="lag flows (300)")
+    ap.add_argument(
+        "--refresh-interval", type=float, default=5.0, help="sync.refresh_interval (5, its default)"
+    )
     ap.add_argument("--serve-a", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     logging.basicConfig(level=logging.WARNING, format="%(name)s: %(message)s")
@@ -801,6 +818,7 @@ def main(argv: list[str] | None = None) -> int:
         "conn_table": args.conn_table,
         "backends": len(BACKENDS),
         "batch_delay_ms": BATCH_DELAY_MS,
+        "refresh_interval": args.refresh_interval,
         "processes": "A's SyncNode in a child process, B's (and the frames) in this one",
         "seconds": round(time.monotonic() - started, 1),
         "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),

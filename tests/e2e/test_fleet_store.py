@@ -15,7 +15,7 @@ import pytest
 import yaml
 
 from xdplb.lab import Lab, cleanup_stale
-from xdplb.lab.cluster import bgp_section, wait_route
+from xdplb.lab.cluster import SYNC_KEY, SYNC_PORT, bgp_section, wait_route
 from xdplb.lab.etcd import Etcd
 from xdplb.lab.host import attach_host
 from xdplb.lab.lbnode import LbNode
@@ -44,8 +44,18 @@ def fleet(lab: Lab, tmp_path: Path) -> Iterator[tuple[Etcd, list[LbNode]]]:
     etcd.start()
     cluster = {"store": etcd.url, "lease_ttl": 2}
     # They announce the VIPs (the client reaches them through the router) once served.
+    # Session sync with no peer in the files: the store's live nodes are the peers.
     nodes = [
-        LbNode(lab, tmp_path, [], node=n, cluster=cluster, bgp=bgp_section(lab)) for n in lab.lbs
+        LbNode(
+            lab,
+            tmp_path,
+            [],
+            node=n,
+            cluster=cluster,
+            bgp=bgp_section(lab),
+            sync={"listen": f"{lab.addr(n)}:{SYNC_PORT}", "node": n, "key": SYNC_KEY},
+        )
+        for n in lab.lbs
     ]
     try:
         for n in nodes:
@@ -68,6 +78,11 @@ def cluster(node: LbNode) -> dict[str, Any]:
         r.raise_for_status()
         store: dict[str, Any] = r.json()["store"]
         return store
+
+
+def sync_of(node: LbNode) -> dict[str, Any]:
+    with node.api() as api:
+        return api.get("/api/v1/cluster").json()["sync"]  # type: ignore[no-any-return]
 
 
 def wait_all(nodes: list[LbNode], what: str, until: Any) -> None:
@@ -113,6 +128,16 @@ def test_nodes_serve_each_revision_and_refuse_a_bad_one_alike(
         ),
     )
     assert http_post(lab.ns("client"), VIP, 80, b"x") in lab.backends
+    for n in nodes:  # each follows the other's sessions, a peer it learnt from the store
+        others = [o.node for o in nodes if o is not n]
+        wait_for(
+            lambda n=n: sync_of(n),  # type: ignore[misc]
+            f"{n.node} following {others}",
+            until=lambda s, others=others: (  # type: ignore[misc]
+                s["ready"]
+                and [(p["node"], p["state"]) for p in s["peers"]] == [(o, "synced") for o in others]
+            ),
+        )
     before = [tables(n) for n in nodes]
     assert list(before[0]) == [VIP] and before[0][VIP] == before[1][VIP]
 
