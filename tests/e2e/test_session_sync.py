@@ -128,22 +128,21 @@ class Events:
             print(f"{what}: copies {[(p['node'], p['last_copy_entries']) for p in st['peers']]}")
         self.settle(what, mark)
 
-    def kill(self, node: LbNode) -> None:
+    def take_out(self, node: LbNode, event: Event, what: str) -> None:
+        """Do ``event`` to ``node``, wait until the router has dropped it, settle."""
         mark = self.flows.mark()
         with RouteReader(self.lab) as routes:
-            take_out(node, Event.KILL)
+            take_out(node, event)
             self.in_route.remove(node)
             routes.wait_out(PREFIXES, node.node)
-        self.settle(f"SIGKILL of {node.node}", mark)
+        self.settle(what, mark)
+
+    def kill(self, node: LbNode) -> None:
+        self.take_out(node, Event.KILL, f"SIGKILL of {node.node}")
         node.destroy()  # it comes back as after a reboot: no pin, no session
 
     def blackhole(self, node: LbNode) -> None:
-        mark = self.flows.mark()
-        with RouteReader(self.lab) as routes:
-            take_out(node, Event.BLACKHOLE)
-            self.in_route.remove(node)
-            routes.wait_out(PREFIXES, node.node)
-        self.settle(f"black hole of {node.node}", mark)
+        self.take_out(node, Event.BLACKHOLE, f"black hole of {node.node}")
         mark = self.flows.mark()
         bring_back(node, Event.BLACKHOLE)
         self.in_route.append(node)
@@ -151,12 +150,7 @@ class Events:
         self.settle(f"{node.node} out of the black hole", mark)
 
     def restart(self, node: LbNode) -> None:
-        mark = self.flows.mark()
-        with RouteReader(self.lab) as routes:
-            take_out(node, Event.STOP)
-            self.in_route.remove(node)
-            routes.wait_out(PREFIXES, node.node)
-        self.settle(f"stop of {node.node}", mark)
+        self.take_out(node, Event.STOP, f"stop of {node.node}")
         self.come_back(node, f"restart of {node.node}", lambda: bring_back(node, Event.STOP))
 
     def total(self) -> dict[Kind, int]:
