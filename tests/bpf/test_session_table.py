@@ -426,7 +426,7 @@ def export(lb: Lb) -> Iterator[SessionExport]:
 
 
 def records(ring: SessionExport) -> list[abi.ExportRec]:
-    return ring.drain()
+    return [abi.ExportRec.from_buffer_copy(r.tobytes()) for r in ring.drain_records()]
 
 
 def rec_key(r: abi.ExportRec) -> bytes:

@@ -391,14 +391,10 @@ class SessionExport(Closing):
         """Until a record is there or ``timeout_s`` passed; True if one is."""
         return self._ring.wait(timeout_s)
 
-    def drain(self, limit: int | None = None) -> list[abi.ExportRec]:
-        """The records submitted so far, oldest first (at most ``limit``), consumed."""
-        return [abi.ExportRec.from_buffer_copy(raw) for raw in self._ring.drain(limit)]
-
     def drain_records(self, limit: int | None = None) -> npt.NDArray[np.void]:
-        """:meth:`drain` as records of :data:`EXPORT_DTYPE`, no Python object a record."""
-        raws = self._ring.drain(limit)
-        return np.frombuffer(b"".join(raws), dtype=EXPORT_DTYPE).copy()
+        """The records submitted so far, oldest first (at most ``limit``), consumed, as
+        records of :data:`EXPORT_DTYPE`."""
+        return self._ring.drain_array(EXPORT_DTYPE, limit)
 
     def close(self) -> None:
         self._ring.close()

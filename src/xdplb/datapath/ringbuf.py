@@ -13,6 +13,9 @@ import mmap
 import select
 import struct
 
+import numpy as np
+import numpy.typing as npt
+
 from xdplb.core.closing import Closing
 from xdplb.datapath.maps import Map, MapType
 
@@ -72,6 +75,34 @@ class RingReader(Closing):
                 out.append(bytes(self._data[off + _HDR : off + _HDR + length]))
             cons += (length + _HDR + 7) & ~7
             _U64.pack_into(self._cons, 0, cons)
+        return out
+
+    def drain_array(self, dtype: np.dtype[np.void], limit: int | None = None) -> npt.NDArray[np.void]:
+        """:meth:`drain` for a ring whose every record is one ``dtype`` (the program
+        submits one kind): the records as one array, from one copy of the ring's bytes,
+        no Python object a record (~20 ns a record, where :meth:`drain` takes ~1 us).
+        The data pages are mapped twice, so the span from the consumer position on is
+        contiguous even where it wraps. ValueError for a record of another size."""
+        cons, prod = self._positions()
+        stride = (_HDR + dtype.itemsize + 7) & ~7
+        n = (prod - cons) // stride
+        if limit is not None:
+            n = min(n, limit)
+        if n <= 0:
+            return np.zeros(0, dtype=dtype)
+        off = self._page + (cons & self._mask)
+        rows = np.frombuffer(self._data, dtype=np.uint8, count=n * stride, offset=off)
+        rows = rows.reshape(n, stride)
+        hdr = np.ascontiguousarray(rows[:, :4]).view("<u4").ravel()  # headers first
+        busy = np.flatnonzero(hdr & _BUSY)
+        if len(busy):  # reserved, not yet submitted: it and what follows wait
+            n = int(busy[0])
+            rows, hdr = rows[:n], hdr[:n]
+        if ((hdr & ~np.uint32(_BUSY | _DISCARD)) != dtype.itemsize).any():
+            raise ValueError(f"a record of {self._ring.name} is not {dtype.itemsize} bytes")
+        kept = rows[(hdr & _DISCARD) == 0, _HDR : _HDR + dtype.itemsize]
+        out = np.ascontiguousarray(kept).view(dtype).reshape(-1)
+        _U64.pack_into(self._cons, 0, cons + n * stride)
         return out
 
     def close(self) -> None:

@@ -46,6 +46,10 @@ from xdplb.sync.convert import TableView
 
 log = logging.getLogger("xdplb.sync")
 
+# Timeouts are ``asyncio.timeout`` blocks, never ``asyncio.wait_for``: on Python 3.11 a
+# wait_for whose awaitable completes as it is cancelled swallows the cancellation
+# (CPython gh-86296), and a subscription would outlive close().
+
 #: Seconds between KEEPALIVEs on an idle subscription; a subscriber that hears nothing
 #: for three of them drops it and subscribes again.
 KEEPALIVE = 1.0
@@ -180,7 +184,8 @@ class SyncNode:
         if self._server is not None:
             self._server.close()
             with contextlib.suppress(Exception):
-                await asyncio.wait_for(self._server.wait_closed(), 1.0)
+                async with asyncio.timeout(1.0):
+                    await self._server.wait_closed()
         for s in list(self._subs):
             with contextlib.suppress(asyncio.QueueFull):
                 s.queue.put_nowait(None)
@@ -328,7 +333,8 @@ class SyncNode:
         sub: _Subscriber | None = None
         try:
             try:
-                got = await asyncio.wait_for(wire.read_frame(reader, self._key), SUBSCRIBE_TIMEOUT)
+                async with asyncio.timeout(SUBSCRIBE_TIMEOUT):
+                    got = await wire.read_frame(reader, self._key)
             except wire.Refused as e:
                 self.refused[e.reason] += 1
                 log.warning("session sync: refused a subscription from %s: %s", peer, e)
@@ -362,7 +368,8 @@ class SyncNode:
                 await self._send_copy(send)
             while True:
                 try:
-                    m = await asyncio.wait_for(sub.queue.get(), KEEPALIVE)
+                    async with asyncio.timeout(KEEPALIVE):
+                        m = await sub.queue.get()
                 except TimeoutError:
                     m = wire.Keepalive()
                 if m is None:
@@ -380,8 +387,11 @@ class SyncNode:
     async def _send_copy(self, send: Callable[[wire.Message], Awaitable[None]]) -> None:
         view = self._src.view()
         now = now_ticks()
-        chunks = await self._scan(view, now) if view is not None else []
-        msgs = [m for c in chunks if view for m in convert.to_wire(c, wire.Op.COPY, view, now)]
+        msgs: list[wire.Entries] = []
+        if view is not None:  # no plan yet: an empty copy
+            for c in await self._scan(view, now):
+                msgs += convert.to_wire(c, wire.Op.COPY, view, now)
+                await asyncio.sleep(0)  # a million sessions take ~0.4 s: the API goes on
         count = sum(len(m.entries) for m in msgs)
         digest = wire.CopyDigest()
         await send(wire.Begin(count))
@@ -398,9 +408,8 @@ class SyncNode:
         while True:
             host, port = p.cfg.endpoint
             try:
-                reader, writer = await asyncio.wait_for(
-                    asyncio.open_connection(host, port), CONNECT_TIMEOUT
-                )
+                async with asyncio.timeout(CONNECT_TIMEOUT):
+                    reader, writer = await asyncio.open_connection(host, port)
             except (OSError, TimeoutError) as e:
                 p.error = f"cannot connect: {e.strerror if isinstance(e, OSError) else 'timed out'}"
                 unreachable = time.monotonic() - first >= self.cfg.unreachable_after
@@ -444,7 +453,8 @@ class SyncNode:
             # BEGIN, which may take longer than keepalives are apart).
             limit = deadline - time.monotonic() if copying else 3 * KEEPALIVE
             try:
-                got = await asyncio.wait_for(wire.read_frame(reader, self._key), max(limit, 0))
+                async with asyncio.timeout(max(limit, 0)):
+                    got = await wire.read_frame(reader, self._key)
             except TimeoutError:
                 if copying and time.monotonic() >= deadline:
                     raise _Ended(
