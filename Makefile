@@ -30,7 +30,7 @@ DESTDIR    ?=
 SYSCONFDIR ?= /etc
 INSTALL_ENV = DESTDIR='$(DESTDIR)' PREFIX='$(PREFIX)' SYSCONFDIR='$(SYSCONFDIR)' BUILD_PY='$(PY)'
 
-.PHONY: all deps build test test-unit test-bpf test-e2e fuzz demo bench bench-hooks soak lint clean \
+.PHONY: all deps build test test-unit test-bpf test-e2e fuzz demo bench bench-hooks bench-sync soak lint clean \
         install uninstall deb
 
 all: build
@@ -121,6 +121,11 @@ bench: build
 bench-hooks: build
 	@XDPLB_BENCH_DEPS=1 ./scripts/deps.sh
 	$(PY) bench/hooks_bench.py --out bench/hooks_results.json
+
+# Session sync between two nodes: a full copy of 10^6 sessions, the incremental stream,
+# the export ring's read and the lag from a new flow on one node to the other (docs/sync.md).
+bench-sync: build
+	$(PY) bench/sync_bench.py --out bench/sync_results.json
 
 # Not part of `make test`: the lab under load and churn for SOAK_SECONDS (docs/operations.md).
 SOAK_SECONDS ?= 600

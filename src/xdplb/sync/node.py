@@ -328,7 +328,14 @@ class SyncNode:
         return out
 
     async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        """One subscriber's connection: its SUBSCRIBE, the copy, then the stream."""
+        """One subscriber's connection (its own task, which asyncio starts and nobody
+        awaits): ended by a cancel at shutdown, it returns, since 3.11's stream server
+        logs a handler task that ends cancelled as an error."""
+        with contextlib.suppress(asyncio.CancelledError):
+            await self._serve_one(reader, writer)
+
+    async def _serve_one(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        """Its SUBSCRIBE, the copy, then the stream."""
         peer = writer.get_extra_info("peername")
         sub: _Subscriber | None = None
         try:
