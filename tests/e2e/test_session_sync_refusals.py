@@ -214,6 +214,7 @@ def test_bad_streams_are_refused_by_reason_and_nothing_of_them_imported(
         (peer,) = st["peers"]
         assert peer["copies"] == 1 and peer["last_copy_entries"] == len(GOOD_PORTS), peer
         assert st["refused"] == {r: 1 for _, r in streams}, st["refused"]
+        assert st["imported"] == {"written": len(GOOD_PORTS)}, st  # the good stream's only
         assert len(set(evil.epochs)) == len(evil.epochs)  # a fresh epoch every time
         assert keys_in_table(lb, lab, BAD_PORTS) == []
         assert keys_in_table(lb, lab, GOOD_PORTS) == list(GOOD_PORTS)

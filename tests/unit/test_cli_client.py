@@ -319,6 +319,7 @@ def test_cluster_status_of_session_sync(served: Served) -> None:
             ],
             subscribers=["lb2"],
             sent=1200,
+            imported={"written": 398, "present": 2},
             refused={"mac": 1},
             skipped={"unknown_backend": 2},
             overflows=0,

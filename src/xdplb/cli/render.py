@@ -424,6 +424,12 @@ def _print_sync(sy: SyncStatus) -> None:
     if sy.refused:
         refused = ", ".join(f"{r} {n}" for r, n in sorted(sy.refused.items()))
         console.print(f"refused messages: {refused}", style="red")
+    if sy.imported.get("evicted"):
+        console.print(
+            f"imports that evicted a live session: {sy.imported['evicted']} "
+            "(limits.conn_table is too small for the cluster's sessions)",
+            style="red",
+        )
     if sy.skipped:
         console.print(
             "entries not imported: " + ", ".join(f"{w} {n}" for w, n in sorted(sy.skipped.items()))

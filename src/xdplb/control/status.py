@@ -248,6 +248,11 @@ class SyncStatus(_Out):
     sent: int
     """Entries of the stream (new, changed and refreshed sessions) queued to subscribers,
     once for each; full copies are not counted."""
+    imported: dict[str, int]
+    """Entries written into this node's table, by outcome: ``written`` (into a free way),
+    ``replaced`` (the flow's own session), ``evicted`` (another live session lost its
+    way: the table is too small for the cluster's sessions), ``present`` (the flow's
+    session was kept: a NEW it had, a refresh older than its own)."""
     refused: dict[str, int]
     """Messages refused, by reason (docs/sync.md, "The wire"): never imported."""
     skipped: dict[str, int]

@@ -303,6 +303,14 @@ def sync_families(sync: SyncStatus) -> Iterator[Metric]:
     yield GaugeMetricFamily(
         "xdplb_sync_subscribers", "Peers that follow this node's sessions", len(sync.subscribers)
     )
+    outcomes = CounterMetricFamily(
+        "xdplb_sync_import_outcomes",
+        "Entries from peers by what their import did (evicted: the table is too small)",
+        labels=["outcome"],
+    )
+    for outcome, n in sorted(sync.imported.items()):
+        outcomes.add_metric([outcome], n)
+    yield outcomes
     refused = CounterMetricFamily(
         "xdplb_sync_refused_messages",
         "Messages refused (never imported), by reason",

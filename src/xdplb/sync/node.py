@@ -258,6 +258,7 @@ class SyncNode:
             peers=[p.status() for p in self._peers.values()],
             subscribers=sorted({s.node for s in self._subs}),
             sent=self.sent,
+            imported=dict(self.imported),
             refused=dict(self.refused),
             skipped=dict(self.skipped),
             overflows=self.overflows,
