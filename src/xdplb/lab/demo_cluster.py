@@ -2,10 +2,12 @@
 
 1. builds the cluster lab: the client behind a router (BIRD 2, ECMP over the balancers),
    three LB nodes, three backends with host_tc and a server each;
-2. starts the real daemon on each node: each announces the VIP over eBGP with BFD while
-   its self-check passes, and the router's route spreads the flows over all three;
+2. starts the real daemon on each node: each syncs its sessions with the other two
+   (docs/sync.md) and announces the VIP over eBGP with BFD while its self-check passes,
+   and the router's route spreads the flows over all three;
 3. opens 150 long-lived TCP connections (every byte echoed and checked) and sends 150
-   short HTTP requests: which node carried each is read from the nodes' session tables;
+   short HTTP requests: which node carried each is read from the nodes' session tables,
+   and every node holds every stream's session (session sync);
 4. stops one node (``xdplb stop``: it withdraws, then drains): the route loses it in a
    few milliseconds, the router moves its flows to the others, which pick the same
    backends (the same Maglev tables), and no connection breaks;
@@ -29,7 +31,14 @@ from rich.panel import Panel
 from rich.table import Table
 
 from xdplb.lab import Lab, cleanup_stale
-from xdplb.lab.cluster import RouteReader, bgp_section, carriers, flow_key, wait_route
+from xdplb.lab.cluster import (
+    RouteReader,
+    bgp_section,
+    carriers,
+    flow_key,
+    sync_section,
+    wait_route,
+)
 from xdplb.lab.host import attach_host
 from xdplb.lab.lbnode import LbNode
 from xdplb.lab.paced import PacedStreams
@@ -80,7 +89,17 @@ def main(argv: Sequence[str] | None = None) -> int:
         for b in lab.backends:
             attach_host(lab, b)
         lab.start_servers()
-        nodes = [LbNode(lab, Path(tmp), _vips(lab), node=n, bgp=bgp_section(lab)) for n in lab.lbs]
+        nodes = [
+            LbNode(
+                lab,
+                Path(tmp),
+                _vips(lab),
+                node=n,
+                bgp=bgp_section(lab),
+                sync=sync_section(lab, n, lab.lbs, unreachable_after=2.0),
+            )
+            for n in lab.lbs
+        ]
         for n in nodes:
             n.start()
         wait_route(lab, [VIP], lab.lbs, "the router routing the VIP over every node")
@@ -89,6 +108,13 @@ def main(argv: Sequence[str] | None = None) -> int:
             tour(lab, nodes, routes)
     say("cluster torn down: namespaces, BIRD, daemons, pins and run files removed.")
     return 0
+
+
+def _sessions(node: LbNode, keys: list[bytes]) -> set[bytes]:
+    """The flows of ``keys`` that have a session in the node's table (its own or synced)."""
+    want = set(keys)
+    with node.maps() as maps:
+        return {e.key for e in maps.conns.iter_entries() if e.key in want}
 
 
 def tour(lab: Lab, nodes: list[LbNode], routes: RouteReader) -> None:
@@ -113,6 +139,12 @@ def tour(lab: Lab, nodes: list[LbNode], routes: RouteReader) -> None:
             )
         )
 
+        held = {n.node: len(_sessions(n, keys)) for n in nodes}
+        say(
+            "\nsession sync: every node holds every stream's session, its own and its "
+            "peers' (" + ", ".join(f"{n} {k} of {STREAMS}" for n, k in held.items()) + ")"
+        )
+
         leaving = nodes[1]
         say(f"\nxdplb stop on {leaving.node}: it withdraws the VIP, drains 0.5 s, exits ...")
         t0 = time.monotonic()
@@ -133,8 +165,8 @@ def tour(lab: Lab, nodes: list[LbNode], routes: RouteReader) -> None:
         broken = streams.why_broken(stalled)
         say(
             f"{moved} of {STREAMS} long-lived connections moved to another node, "
-            f"{len(broken)} broke: every node holds the same Maglev table, so a moved "
-            "flow reaches the backend it had."
+            f"{len(broken)} broke: every node holds the same Maglev table and every "
+            "flow's session, so a moved flow reaches the backend it had."
         )
         assert leaving.proc is not None
         leaving.proc.wait(10)  # its drain, then its exit

@@ -260,7 +260,7 @@ class SyncNode:
             sent=self.sent,
             imported=dict(self.imported),
             refused=dict(self.refused),
-            skipped=dict(self.skipped),
+            skipped={why: n for why, n in self.skipped.items() if n},
             overflows=self.overflows,
         )
 
