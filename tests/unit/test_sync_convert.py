@@ -134,3 +134,34 @@ def test_a_refresh_sends_only_live_sessions_this_node_used() -> None:
     used = convert.live_synced(recs, v, now, used_within=100)
     assert list(used["last_seen"]) == [now - 10]  # only the first
     assert SESSION_DTYPE.itemsize == recs.itemsize
+
+
+def test_ipv6_flows_and_backends_cross_too() -> None:
+    vip6 = ipaddress.ip_address("fd78:6470:6c62:100::1")
+    client6 = ipaddress.ip_address("fd78:6470:6c62::1")
+    backends = [ipaddress.ip_address(f"fd78:6470:6c62::{11 + i:x}") for i in range(3)]
+    sender = convert.view_of(
+        seed=1, gen=1, timeouts=[7500] * 4, hz=HZ,
+        backends={i + 1: (b, 0) for i, b in enumerate(backends)},
+        synced=[convert.VipMatch.of(vip6, 443, abi.IPPROTO_UDP)],
+    )  # fmt: skip
+    receiver = convert.view_of(
+        seed=1, gen=4, timeouts=[7500] * 4, hz=HZ,
+        backends={40 + i: (b, 2) for i, b in enumerate(reversed(backends))},
+        synced=[convert.VipMatch.of(vip6, 0, abi.IPPROTO_UDP)],  # a wildcard VIP there
+    )  # fmt: skip
+    keys = np.zeros((3, 10), dtype=np.uint32)
+    keys[:, 0:4] = np.frombuffer(client6.packed, dtype="<u4")
+    keys[:, 4:8] = np.frombuffer(vip6.packed, dtype="<u4")
+    keys[:, 8] = np.array([5000, 5001, 5002], dtype=np.uint16).byteswap().astype(np.uint32) | (
+        np.uint32(np.array(443, dtype=np.uint16).byteswap()) << 16
+    )
+    keys[:, 9] = abi.IPPROTO_UDP
+    recs = records(keys, np.array([1, 2, 3], dtype=np.uint16), np.arange(3), abi.SessState.UDP, 9)
+    (msg,) = over_the_wire(convert.to_wire(recs, wire.Op.NEW, sender, now=9))
+    assert set(msg.addrs) == set(backends)
+    got = convert.from_wire(msg, receiver, now=9)
+    (out,) = got.batches.values()
+    assert (out["src"] == recs["src"]).all() and (out["dst"] == recs["dst"]).all()
+    assert (out["sport"] == recs["sport"]).all() and (out["dport"] == recs["dport"]).all()
+    assert [int(h) for h in out["hop"][:, 0]] == [42, 41, 40]  # b1, b2, b3 by address
