@@ -5,9 +5,10 @@ stream: a forged MAC (a wrong key), a frame cut short, a frame from an older sub
 (replayed), a frame sent twice, a frame out of order, an oversized header, another
 node's name. Each is refused and counted by its reason, the daemon subscribes again, and
 none of the sessions those streams carry is in its table afterwards (read from its
-pinned session table), while HTTP through the VIP keeps working. Last, a good stream
-with the same kind of sessions: they are imported, so the refusals are what kept the
-others out.
+pinned session table), while HTTP through the VIP keeps working. Then an authentic copy
+whose END does not match its BEGIN and one that never ends: each counted a failed copy
+and asked for again, the node still not ready. Last, a good stream with the same kind of
+sessions: they are imported, so the refusals are what kept the others out.
 """
 
 from __future__ import annotations
@@ -39,6 +40,10 @@ EVIL_PORT = 7947
 #: Client ports of the sessions each bad stream carries (none may be imported).
 BAD_PORTS = range(41000, 41040)
 GOOD_PORTS = range(42000, 42010)
+#: Client ports of the sessions of a copy that does not match (authentic: imported).
+SHORT_PORTS = range(43000, 43005)
+#: sync.copy_timeout of the node: a copy that takes longer is asked for again.
+COPY_TIMEOUT = 2.0
 
 Send = Callable[[bytes], None]
 
@@ -91,6 +96,10 @@ class Evil:
                 else:  # the list played out: hold the subscription open (a quiet peer)
                     self._stop.wait()
 
+    def hold(self, seconds: float) -> None:
+        """Keep the connection open and silent (unless closing)."""
+        self._stop.wait(seconds)
+
     def close(self) -> None:
         self._stop.set()
         self._thread.join()
@@ -116,6 +125,7 @@ def lb(lab: Lab, tmp_path: Path, lab_servers: Any) -> Iterator[LbNode]:
             "key": SYNC_KEY,
             "peers": [{"node": "evil", "address": f"{lab.addr('client')}:{EVIL_PORT}"}],
             "unreachable_after": 60,  # evil answers: the node waits for its copy
+            "copy_timeout": COPY_TIMEOUT,
         },
     )
     node.start()
@@ -177,6 +187,18 @@ def test_bad_streams_are_refused_by_reason_and_nothing_of_them_imported(
     def another_node(epoch: int, send: Send) -> None:
         send(frame(epoch, 1, wire.Begin(len(bad.entries)), node="mallory"))
 
+    def mismatched(epoch: int, send: Send) -> None:  # authentic, but not whole
+        part = entries(lab, SHORT_PORTS)
+        send(frame(epoch, 1, wire.Begin(len(part.entries) + 2)))
+        send(frame(epoch, 2, part))
+        digest = wire.CopyDigest()
+        digest.update(part.entries)
+        send(frame(epoch, 3, digest.end()))
+
+    def stalled(epoch: int, send: Send) -> None:  # no END within copy_timeout
+        send(frame(epoch, 1, wire.Begin(1)))
+        evil.hold(COPY_TIMEOUT + 1)
+
     good = entries(lab, GOOD_PORTS)
 
     def valid(epoch: int, send: Send) -> None:
@@ -196,7 +218,7 @@ def test_bad_streams_are_refused_by_reason_and_nothing_of_them_imported(
         (another_node, "node"),
     ]
     assert http_post(lab.ns("client"), VIP, 80, b"x") in lab.backends
-    evil = Evil(lab, [s for s, _ in streams] + [valid])
+    evil = Evil(lab, [s for s, _ in streams] + [mismatched, stalled, valid])
     try:
         for i, (_, reason) in enumerate(streams):
             st = wait_for(
@@ -213,11 +235,15 @@ def test_bad_streams_are_refused_by_reason_and_nothing_of_them_imported(
         )
         (peer,) = st["peers"]
         assert peer["copies"] == 1 and peer["last_copy_entries"] == len(GOOD_PORTS), peer
+        # The copy that did not match and the one that did not end: failed, asked again.
+        assert peer["copy_failures"] == 2, peer
         assert st["refused"] == {r: 1 for _, r in streams}, st["refused"]
-        assert st["imported"] == {"written": len(GOOD_PORTS)}, st  # the good stream's only
+        # Authentic sessions are kept, even from a copy that did not match; refused ones never.
+        assert st["imported"] == {"written": len(GOOD_PORTS) + len(SHORT_PORTS)}, st
         assert len(set(evil.epochs)) == len(evil.epochs)  # a fresh epoch every time
         assert keys_in_table(lb, lab, BAD_PORTS) == []
         assert keys_in_table(lb, lab, GOOD_PORTS) == list(GOOD_PORTS)
+        assert keys_in_table(lb, lab, SHORT_PORTS) == list(SHORT_PORTS)
         # Traffic went on meanwhile, and goes on.
         assert all(http_post(lab.ns("client"), VIP, 80, b"x") in lab.backends for _ in range(5))
         with lb.api() as api:

@@ -406,14 +406,16 @@ def _print_sync(sy: SyncStatus) -> None:
     else:
         console.print(f"{where}: not synced: {sy.waiting_for}", style="red")
     peers = Table(
-        "peer", "state", "copies", "last copy", "received", "imported", box=None, pad_edge=False
-    )
+        "peer", "state", "copies", "failed", "last copy", "received", "imported",
+        box=None, pad_edge=False,
+    )  # fmt: skip
     for p in sy.peers:
         last = "-" if p.last_copy_entries is None else (
             f"{p.last_copy_entries} in {p.last_copy_ms:.0f} ms"
         )  # fmt: skip
         peers.add_row(
-            p.node, p.state, str(p.copies), last, str(p.received), str(p.imported),
+            p.node, p.state, str(p.copies), str(p.copy_failures), last, str(p.received),
+            str(p.imported),
             style="" if p.state == "synced" else "red",
         )  # fmt: skip
     console.print(peers)

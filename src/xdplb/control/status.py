@@ -222,6 +222,9 @@ class SyncPeerStatus(_Out):
     not match, the connection lost); empty if none did."""
     copies: int
     """Full copies taken from it whose count and digest matched."""
+    copy_failures: int = 0
+    """Full copies from it that did not match or did not end within
+    ``sync.copy_timeout`` (each asked for again)."""
     last_copy_entries: int | None
     last_copy_ms: float | None
     """Milliseconds from the subscription to its matching END."""

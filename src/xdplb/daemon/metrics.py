@@ -283,6 +283,11 @@ def sync_families(sync: SyncStatus) -> Iterator[Metric]:
     copies = CounterMetricFamily(
         "xdplb_sync_copies", "Full copies taken from the peer that matched", labels=["peer"]
     )
+    failures = CounterMetricFamily(
+        "xdplb_sync_copy_failures",
+        "Full copies from the peer that did not match or timed out (asked for again)",
+        labels=["peer"],
+    )
     received = CounterMetricFamily(
         "xdplb_sync_received_entries", "Entries received from the peer", labels=["peer"]
     )
@@ -294,9 +299,10 @@ def sync_families(sync: SyncStatus) -> Iterator[Metric]:
     for p in sync.peers:
         synced.add_metric([p.node], int(p.state == "synced"))
         copies.add_metric([p.node], p.copies)
+        failures.add_metric([p.node], p.copy_failures)
         received.add_metric([p.node], p.received)
         imported.add_metric([p.node], p.imported)
-    yield from (synced, copies, received, imported)
+    yield from (synced, copies, failures, received, imported)
     yield CounterMetricFamily(
         "xdplb_sync_sent_entries", "Entries sent to subscribers (once to each)", sync.sent
     )

@@ -82,6 +82,7 @@ class _Peer:
     error: str = ""
     ever_reached: bool = False
     copies: int = 0
+    copy_failures: int = 0
     last_copy_entries: int | None = None
     last_copy_ms: float | None = None
     received: int = 0
@@ -95,6 +96,7 @@ class _Peer:
             state=self.state,
             error=self.error,
             copies=self.copies,
+            copy_failures=self.copy_failures,
             last_copy_entries=self.last_copy_entries,
             last_copy_ms=self.last_copy_ms,
             received=self.received,
@@ -465,6 +467,7 @@ class SyncNode:
                     got = await wire.read_frame(reader, self._key)
             except TimeoutError:
                 if copying and time.monotonic() >= deadline:
+                    p.copy_failures += 1
                     raise _Ended(
                         f"its copy did not end within {self.cfg.copy_timeout:g} s "
                         f"({digest.count} entries received)"
@@ -492,6 +495,7 @@ class SyncNode:
                     raise wire.Refused("malformed", "END outside a copy")
                 got_digest = digest.digest()
                 if m.count != digest.count or m.count != begun or m.digest != got_digest:
+                    p.copy_failures += 1
                     raise _Ended(
                         f"its copy did not match: BEGIN said {begun}, END {m.count}, "
                         f"{digest.count} received"
