@@ -25,6 +25,7 @@ import numpy as np
 import pytest
 
 from xdplb.core import abi
+from xdplb.core.errors import LabError
 from xdplb.lab import Lab
 from xdplb.lab.cluster import SYNC_KEY
 from xdplb.lab.lbnode import LbNode
@@ -252,3 +253,22 @@ def test_bad_streams_are_refused_by_reason_and_nothing_of_them_imported(
         assert "xdplb_sync_ready 1.0" in metrics
     finally:
         evil.close()
+
+
+def test_a_sync_address_the_node_cannot_listen_on_stops_the_start(
+    lab: Lab, tmp_path: Path
+) -> None:
+    backends = [{"address": str(lab.addr(b))} for b in lab.backends]
+    node = LbNode(
+        lab,
+        tmp_path,
+        [{"address": VIP, "port": 80, "protocol": "tcp", "backends": backends}],
+        sync={"listen": "198.18.0.250:7946", "node": "lb", "key": SYNC_KEY},  # not lb's
+    )
+    try:
+        with pytest.raises(LabError) as e:
+            node.start(timeout=15)
+        assert "sync.listen: cannot listen on 198.18.0.250:7946" in str(e.value), e.value
+        assert node.proc is not None and node.proc.wait(5) != 0
+    finally:
+        node.destroy()

@@ -263,7 +263,12 @@ class Daemon:
                 )
                 if rt.running.cluster is not None and not sync.peers:
                     self.sync.wait_for_fleet()
-                await self.sync.start()  # OSError: sync.listen cannot be bound
+                try:
+                    await self.sync.start()
+                except OSError as e:
+                    raise ConfigError(
+                        "sync.listen", f"cannot listen on {sync.listen}: {e.strerror or e}"
+                    ) from None
                 rt.sync_view = self.sync.status
         except BaseException:
             if self.sync is not None:
