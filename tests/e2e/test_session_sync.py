@@ -24,6 +24,7 @@ from typing import Any
 
 import pytest
 
+from xdplb.datapath.clock import hz, now_ticks
 from xdplb.lab.cluster import (
     SYNC_PORT,
     Event,
@@ -292,3 +293,56 @@ def test_a_peer_that_delays_its_end_keeps_the_joining_node_withdrawn(tmp_path: P
         )
         log = b.log_path.read_text()
         assert 0 <= log.find("session sync: synced with") < log.find("xdplb.cluster announcing")
+
+
+def session_ages_all(node: LbNode, keys: list[bytes]) -> dict[bytes, float]:
+    """Seconds since each flow's session on ``node`` saw a packet (or was moved on by a
+    peer's refresh), imported or not; flows without a session left out."""
+    want = set(keys)
+    with node.maps() as maps:
+        now = now_ticks()
+        return {e.key: e.age(now) / hz() for e in maps.conns.iter_entries() if e.key in want}
+
+
+def test_a_session_in_use_stays_alive_everywhere_and_a_dead_one_expires_everywhere(
+    tmp_path: Path,
+) -> None:
+    """UDP sessions live 3 s idle here; refreshes go every 0.5 s. Flows that keep
+    exchanging for three timeouts stay alive on the node that does not carry them (its
+    copy moved on by the carrier's refreshes); once they stop, both nodes' sessions age
+    past the timeout together."""
+    vip, timeout = VIPS["maglev"], 3.0
+    with cluster(lbs=2, backends=3) as lab, ExitStack() as stack:
+        nodes = []
+        for n in lab.lbs:
+            cfg = node_config(lab, n, lab.backends, True)
+            cfg["sync"]["refresh_interval"] = 0.5
+            nodes.append(LbNode(lab, tmp_path, node=n, sessions={"udp_timeout": timeout}, **cfg))
+        for node in nodes:
+            node.start()
+        wait_route(lab, PREFIXES, lab.lbs, "both nodes in the route")
+        flows = UdpFlows(lab, vip, 8, UDP)
+        stack.callback(flows.close)
+        keys = [flow_key(lab, vip, p, UDP, socket.IPPROTO_UDP) for p in flows.ports]
+        t_end = time.monotonic() + 3 * timeout
+        while time.monotonic() < t_end:  # alive: a datagram a flow every 0.3 s
+            flows.backends()
+            time.sleep(0.3)
+        ages = [session_ages_all(n, keys) for n in nodes]
+        for node, got in zip(nodes, ages, strict=True):
+            # Each node has every flow, seen within a refresh (and a batch) of now.
+            assert set(got) == set(keys), node.node
+            assert max(got.values()) < 1.5, (node.node, got)
+        # Stopped: idle on both, by the same clock (within a refresh interval).
+        t_stop = time.monotonic()
+        with nodes[0].maps() as maps:
+            udp_ticks = maps.snapshot().config.conn_timeouts[0]  # the same on both
+        for node in nodes:
+            wait_for(
+                lambda node=node: session_ages_all(node, keys),  # type: ignore[misc]
+                f"{node.node}: every flow's session idle past the timeout",
+                until=lambda got: min(got.values()) * hz() > udp_ticks,
+                timeout=2 * timeout,
+            )
+        expired_after = time.monotonic() - t_stop
+        assert expired_after < timeout + 2.0, expired_after
