@@ -12,6 +12,7 @@
  *   to even, sequentially consistent): the same fully ordered atomics as lb_xdp's
  *   writers, so either side may write any set.
  */
+#include <sched.h>
 #include <stdint.h>
 #include <string.h>
 #include <linux/types.h>
@@ -46,13 +47,26 @@ static int set_copy(struct xdplb_conn_set *s, struct xdplb_conn_set *out)
 	return 0;
 }
 
+/*
+ * Between two tries: nothing at first (a writer holds a set for ~20 ns), then the CPU
+ * (a writer in user space may have been preempted while it held the set: spinning on
+ * would only wait out its time slice).
+ */
+static void backoff(uint32_t t)
+{
+	if (t >= 64 && !(t & 15))
+		sched_yield();
+}
+
 static int set_copy_tries(struct xdplb_conn_set *s, struct xdplb_conn_set *out, uint32_t tries)
 {
 	uint32_t t;
 
-	for (t = 0; t < tries; t++)
+	for (t = 0; t < tries; t++) {
 		if (!set_copy(s, out))
 			return 0;
+		backoff(t);
+	}
 	return -1;
 }
 
@@ -292,8 +306,11 @@ uint32_t xdplb_sess_import(void *base, uint32_t mask, uint32_t seed, uint16_t ge
 			tags[i % IMPORT_AHEAD] = entry_hash(&in[i + IMPORT_AHEAD].entry, keys);
 			prefetch_set(&sets[tags[i % IMPORT_AHEAD] & mask]);
 		}
-		for (t = 0; t < tries && rc == XDPLB_IMPORT_BUSY; t++)
+		for (t = 0; t < tries && rc == XDPLB_IMPORT_BUSY; t++) {
 			rc = sess_put(&sets[tag & mask], &in[i], tag, gen, now, timeouts, replace);
+			if (rc == XDPLB_IMPORT_BUSY)
+				backoff(t);
+		}
 		result[i] = rc;
 		written += rc <= XDPLB_IMPORT_EVICTED;
 	}
