@@ -179,17 +179,6 @@ def active_ids(maps: LbMaps) -> npt.NDArray[np.uint16]:
     )
 
 
-def pump_once(node: SyncNode, recs: npt.NDArray[np.void], view: TableView) -> None:
-    """What SyncNode._pump does with the records it drained (of EXPORT_DTYPE)."""
-    sess = recs["sess"]
-    keep = convert.vip_mask(sess, view.synced)
-    if not keep.any():
-        return
-    new = recs["type"][keep] == abi.ExportType.NEW
-    ops = np.where(new, wire.Op.NEW, wire.Op.UPDATE).astype(np.uint8)
-    node._publish(convert.to_wire(sess[keep], ops, view, clock.now_ticks()))
-
-
 # --- the network namespace of the frames -----------------------------------------------------
 
 
@@ -333,7 +322,7 @@ async def publish(
     sent, overflows = node.sent, node.overflows
     t0 = time.monotonic()
     for i in range(0, total, batch):
-        pump_once(node, recs[i : i + batch], view)
+        node.publish_records(recs[i : i + batch], view)
         await asyncio.sleep(0)
     t1 = time.monotonic()
     return {

@@ -292,15 +292,18 @@ class SyncNode:
             with _logged("sending new sessions"):
                 recs = self._src.export.drain_records()
                 view = self._src.view()
-                if not len(recs) or view is None or not self._subs:
-                    continue
-                sess = recs["sess"]
-                keep = convert.vip_mask(sess, view.synced)
-                if not keep.any():
-                    continue
-                new = recs["type"][keep] == abi.ExportType.NEW
-                ops = np.where(new, wire.Op.NEW, wire.Op.UPDATE).astype(np.uint8)
-                self._publish(convert.to_wire(sess[keep], ops, view, now_ticks()))
+                if len(recs) and view is not None and self._subs:
+                    self.publish_records(recs, view)
+
+    def publish_records(self, recs: npt.NDArray[np.void], view: TableView) -> None:
+        """Queue lb_xdp's export records (of ``EXPORT_DTYPE``) of VIPs that sync to every
+        subscriber: NEW as NEW, UPDATE as UPDATE (what the pump does with a drain)."""
+        sess = recs["sess"]
+        keep = convert.vip_mask(sess, view.synced)
+        if keep.any():
+            new = recs["type"][keep] == abi.ExportType.NEW
+            ops = np.where(new, wire.Op.NEW, wire.Op.UPDATE).astype(np.uint8)
+            self._publish(convert.to_wire(sess[keep], ops, view, now_ticks()))
 
     async def _refresh(self) -> None:
         """Every ``refresh_interval``: REFRESH every session of a synced VIP that saw a
