@@ -797,28 +797,12 @@ async def run(args: argparse.Namespace, inst_a: str, inst_b: str, ns: str) -> di
             finally:
                 fr.stop.set()
                 if b is not None:
-                    await close_node(b)
+                    await b.close()
                 await a.stop()
     finally:
         loop.remove_signal_handler(signal.SIGTERM)
         signal.signal(signal.SIGTERM, _term)
     return res
-
-
-async def close_node(node: SyncNode) -> None:
-    """``node.close()``, cancelling its subscriptions again while it waits for them: on
-    Python 3.11 ``asyncio.wait_for`` swallows a cancellation that arrives as the awaited
-    read completes (gh-86296), so a subscription that is receiving (node.py, ``_take``)
-    may go on after close() cancelled it, and close() wait for it for ever."""
-    closing = asyncio.ensure_future(node.close())
-    while not (await asyncio.wait({closing}, timeout=2.0))[0]:
-        stuck = [p.task for p in node._peers.values() if p.task is not None and not p.task.done()]
-        log.warning(
-            "SyncNode.close() still waiting for %d subscriptions: cancelled again", len(stuck)
-        )
-        for t in stuck:
-            t.cancel()
-    await closing
 
 
 def print_summary(res: dict[str, Any]) -> None:
