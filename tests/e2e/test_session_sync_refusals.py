@@ -255,9 +255,7 @@ def test_bad_streams_are_refused_by_reason_and_nothing_of_them_imported(
         evil.close()
 
 
-def test_a_sync_address_the_node_cannot_listen_on_stops_the_start(
-    lab: Lab, tmp_path: Path
-) -> None:
+def test_a_sync_address_the_node_cannot_listen_on_stops_the_start(lab: Lab, tmp_path: Path) -> None:
     backends = [{"address": str(lab.addr(b))} for b in lab.backends]
     node = LbNode(
         lab,
