@@ -26,7 +26,13 @@ typedef uint64_t __u64;
 enum libbpf_print_level { LIBBPF_WARN, LIBBPF_INFO, LIBBPF_DEBUG };
 enum bpf_map_type { BPF_MAP_TYPE_UNSPEC, ... };
 enum bpf_prog_type { BPF_PROG_TYPE_XDP, BPF_PROG_TYPE_SCHED_CLS, ... };
-enum bpf_attach_type { BPF_XDP, ... };
+enum bpf_attach_type {
+    BPF_XDP, BPF_CGROUP_SOCK_OPS, BPF_CGROUP_INET4_CONNECT, BPF_CGROUP_INET6_CONNECT,
+    BPF_CGROUP_INET4_POST_BIND, BPF_CGROUP_INET6_POST_BIND, BPF_CGROUP_UDP4_SENDMSG,
+    BPF_CGROUP_UDP6_SENDMSG, BPF_CGROUP_UDP4_RECVMSG, BPF_CGROUP_UDP6_RECVMSG,
+    BPF_CGROUP_INET4_GETPEERNAME, BPF_CGROUP_INET6_GETPEERNAME, BPF_TRACE_ITER,
+    BPF_SK_LOOKUP, BPF_SK_REUSEPORT_SELECT, BPF_SK_REUSEPORT_SELECT_OR_MIGRATE, ...
+};
 enum bpf_tc_attach_point { BPF_TC_INGRESS, BPF_TC_EGRESS, BPF_TC_CUSTOM, ... };
 enum bpf_tc_flags { BPF_TC_F_REPLACE, ... };
 
@@ -111,6 +117,9 @@ int bpf_link_detach(int link_fd);
 int bpf_prog_query(int target_fd, enum bpf_attach_type type, __u32 query_flags,
                    __u32 *attach_flags, __u32 *prog_ids, __u32 *prog_cnt);
 int bpf_link_update(int link_fd, int new_prog_fd, const struct bpf_link_update_opts *opts);
+int bpf_iter_create(int link_fd);
+int bpf_prog_attach(int prog_fd, int attachable_fd, enum bpf_attach_type type, unsigned int flags);
+int bpf_prog_detach2(int prog_fd, int attachable_fd, enum bpf_attach_type type);
 
 /* Ours: route libbpf's printf-style output, already formatted, to Python. */
 extern "Python" void xdplb_libbpf_log(int level, const char *msg);

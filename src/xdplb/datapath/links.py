@@ -1,9 +1,13 @@
-"""Attaching programs: XDP through bpf_link, TC (clsact, direct-action) through netlink."""
+"""Attaching programs: XDP through bpf_link, TC (clsact, direct-action) through netlink,
+cgroup and sk_lookup hooks through bpf_link, iterators, sk_reuseport groups."""
 
 from __future__ import annotations
 
 import enum
 import errno
+import os
+import socket
+import struct
 import sys
 
 from xdplb.core.closing import Closing
@@ -175,3 +179,39 @@ def tc_hook_destroy(ifindex: int) -> None:
     ret = lib.bpf_tc_hook_destroy(hook)
     if ret != -errno.ENOENT:
         check(ret, f"bpf_tc_hook_destroy(ifindex {ifindex})")
+
+
+def attach_link(prog: Program, target_fd: int, attach_type: int, what: str) -> Link:
+    """A bpf_link of ``prog`` on ``target_fd``: a cgroup directory's fd for the cgroup
+    hooks (``lib.BPF_CGROUP_INET4_CONNECT``, ...), a network namespace's fd
+    (/proc/self/ns/net) for ``lib.BPF_SK_LOOKUP``. Closing the link (unpinned) detaches."""
+    fd = lib.bpf_link_create(prog.fd, target_fd, attach_type, new_opts("bpf_link_create_opts"))
+    return Link(check(fd, f"bpf_link_create({prog.name}, {what})"))
+
+
+def run_iter(prog: Program, limit: int = 1 << 24) -> bytes:
+    """Run an iterator program (SEC("iter/...")) once over its objects and return what it
+    wrote with bpf_seq_printf/bpf_seq_write (at most ``limit`` bytes read)."""
+    with attach_link(prog, 0, lib.BPF_TRACE_ITER, "iter") as link:
+        fd = check(lib.bpf_iter_create(link.fd), f"bpf_iter_create({prog.name})")
+        out = bytearray()
+        try:
+            while len(out) < limit:
+                chunk = os.read(fd, 65536)
+                if not chunk:
+                    break
+                out += chunk
+        finally:
+            close_fd(fd)
+    return bytes(out)
+
+
+#: SO_ATTACH_REUSEPORT_EBPF (asm-generic/socket.h); not in Python's socket module.
+SO_ATTACH_REUSEPORT_EBPF = 52
+SO_DETACH_REUSEPORT_BPF = 68
+
+
+def attach_reuseport(prog: Program, sock: socket.socket) -> None:
+    """Attach an sk_reuseport program to the SO_REUSEPORT group of ``sock`` (bound): it
+    then selects the socket for every packet or connection to the group."""
+    sock.setsockopt(socket.SOL_SOCKET, SO_ATTACH_REUSEPORT_EBPF, struct.pack("i", prog.fd))

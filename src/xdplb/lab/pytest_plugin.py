@@ -4,11 +4,14 @@
   backend (``lab.hosts``); torn down after the module.
 - ``lab_servers``: the lab's servers, one per backend (by name), killed after the test.
 - ``lab_factory``: builds extra labs inside one test, all torn down after it.
+- ``netns``: a fresh network namespace with only ``lo`` (up), and a bpffs pin directory
+  of the same name, for the socket tier's tests; both removed after the test.
 """
 
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -16,8 +19,9 @@ from typing import Any
 import pytest
 
 from xdplb.core import paths
+from xdplb.lab import netns as netns_mod
 from xdplb.lab.host import attach_host
-from xdplb.lab.registry import cleanup_stale
+from xdplb.lab.registry import cleanup_stale, new_prefix
 from xdplb.lab.topology import Lab
 
 
@@ -68,3 +72,19 @@ def lab_factory() -> Iterator[Callable[..., Lab]]:
     yield make
     for built in made:
         built.teardown()
+
+
+@pytest.fixture
+def netns() -> Iterator[str]:
+    """A new namespace ``xl<pid><letter>-sk`` with ``lo`` up; its name is also a free pin
+    directory under the bpffs root (``paths.pin_root(name)``). A stale one (its process
+    gone) is removed by the next ``cleanup_stale``."""
+    _require_lab()
+    name = f"{new_prefix()}-sk"
+    subprocess.run(["ip", "netns", "add", name], check=True)
+    try:
+        subprocess.run(["ip", "-n", name, "link", "set", "lo", "up"], check=True)
+        yield name
+    finally:
+        netns_mod.delete(name)
+        shutil.rmtree(paths.pin_root(name), ignore_errors=True)
