@@ -12,7 +12,9 @@ slow in Python; maglev.py keeps a pure-Python twin to test this one against.
 
 from __future__ import annotations
 
+import os
 import shutil
+import tempfile
 from pathlib import Path
 
 import cffi
@@ -98,7 +100,12 @@ def build() -> Path:
     tmpdir.mkdir(parents=True, exist_ok=True)
     built = Path(ffi.compile(tmpdir=str(tmpdir), verbose=False))
     dest = Path(__file__).resolve().parent / built.name
-    shutil.copy2(built, dest)
+    # Copy then rename: copying over the file would change the pages of every process
+    # that has it mapped (a test run segfaulted when `make build` ran beside it).
+    fd, tmp = tempfile.mkstemp(dir=dest.parent, prefix=".maglev_c.", suffix=".tmp")
+    os.close(fd)
+    shutil.copy2(built, tmp)
+    os.replace(tmp, dest)
     return dest
 
 
