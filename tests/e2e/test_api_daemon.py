@@ -202,6 +202,10 @@ def test_without_the_token_every_answer_is_401(fresh: LbNode, case: schemathesis
     before = running_config()
     for headers in ({}, {"Authorization": f"Bearer not-{TOKEN}"}):
         r = case.call(base_url=BASE, headers=headers)
+        if r.status_code == 400 and r.text == "Invalid HTTP request received.":
+            # uvicorn's parser refused the request (a generated header such as an empty
+            # Transfer-Encoding) before any route ran: a refusal too, nothing answered.
+            continue
         assert r.status_code == 401, (case.method, case.formatted_path, r.text)
     assert running_config() == before
 
