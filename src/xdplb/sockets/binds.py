@@ -1,0 +1,367 @@
+"""The bound sockets of this network namespace, and the bind() mixes that make the kernel
+walk one long list under a spin lock.
+
+The scan reads every TCP and UDP socket from sock_diag (NETLINK_SOCK_DIAG, what ``ss``
+uses). sock_diag does not report SO_REUSEPORT, so the option is read for real: a
+socket's inode is mapped to a descriptor of a process through /proc/<pid>/fd, the
+descriptor is copied into this process with pidfd_getfd(2) (CAP_SYS_PTRACE over the
+owner: root) and getsockopt(SO_REUSEPORT) is asked. A socket that no visible process
+holds (another pid namespace, a process gone meanwhile) has it undetermined, and the
+check says so. The same machinery hands the steering commands the socket that listens
+at an address (:func:`take_socket`).
+
+The rule checked (docs, "check-binds") is per protocol and port, the key of the
+kernel's bind tables (TCP ``bhash``, UDP's port slots; one table for IPv4 and IPv6), each
+bucket under one spin lock: a port bound with SO_REUSEPORT on some addresses and without
+it on others turns TCP's bind fast path (``tb->fastreuseport``) off, after which a bind
+that misses it walks the port's sockets (accepted connections included); UDP has no fast
+path, every bind walks the port's sockets. So the mix is flagged, and so is a port whose
+bucket holds many sockets.
+
+Why raw netlink and not pyroute2's ``DiagSocket``: the latter decodes every field of
+every message (about 70 us a socket, measured by the agent, whose counter does the
+same), and a host with a long bucket has by definition many sockets; reading the fixed
+``struct inet_diag_msg`` with :mod:`struct` takes about 4 us.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import errno
+import ipaddress
+import os
+import socket
+import struct
+from collections import defaultdict
+from collections.abc import Iterable
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+
+from xdplb.core.addresses import IPAddress
+from xdplb.core.errors import XdplbError
+
+PROTOCOLS = {"tcp": socket.IPPROTO_TCP, "udp": socket.IPPROTO_UDP}
+#: TCP states as sock_diag numbers them (include/net/tcp_states.h); a UDP socket is
+#: ESTABLISHED when connected, CLOSE when only bound.
+TCP_ESTABLISHED = 1
+TCP_CLOSE = 7
+TCP_LISTEN = 10
+_ALL_STATES = (1 << 12) - 1
+#: A port bucket at least this long is reported (``--long-bucket``).
+LONG_BUCKET = 1000
+
+# <linux/netlink.h>, <linux/sock_diag.h>, <linux/inet_diag.h>
+NETLINK_SOCK_DIAG = 4
+SOCK_DIAG_BY_FAMILY = 20
+NLM_F_REQUEST, NLM_F_DUMP = 0x1, 0x300
+NLMSG_ERROR, NLMSG_DONE = 2, 3
+#: struct nlmsghdr {u32 len; u16 type; u16 flags; u32 seq; u32 pid}
+_NLMSGHDR = struct.Struct("=IHHII")
+#: struct inet_diag_req_v2 {u8 family, protocol, ext, pad; u32 states; sockid (48 bytes)}
+_REQ = struct.Struct("=BBBxI48x")
+#: struct inet_diag_msg: u8 family, state, timer, retrans; be16 sport, dport;
+#: be32 src[4], dst[4]; u32 if; u32 cookie[2]; u32 expires, rqueue, wqueue, uid, inode.
+_MSG = struct.Struct("=BBxx2s2x16s16x4xQ12xII")
+_RECV_BUF = 1 << 18
+
+#: pidfd_getfd(2), x86_64 and every other architecture since 5.6.
+SYS_PIDFD_GETFD = 438
+_libc = ctypes.CDLL(None, use_errno=True)
+_libc.syscall.restype = ctypes.c_long
+
+
+@dataclass(frozen=True, slots=True)
+class BoundSocket:
+    """One TCP or UDP socket of the namespace, as sock_diag gives it."""
+
+    proto: str
+    """"tcp" or "udp"."""
+    family: int
+    """AF_INET or AF_INET6 (a dual-stack socket is AF_INET6)."""
+    state: int
+    """TCP state (``TCP_*``); for UDP ESTABLISHED (connected) or CLOSE (bound only)."""
+    address: IPAddress
+    """Local address (possibly IPv4-mapped)."""
+    port: int
+    """Local port."""
+    inode: int
+    """The socket's inode: how /proc/<pid>/fd names it (``socket:[inode]``)."""
+    cookie: int
+    """SO_COOKIE: the kernel's id of the socket."""
+    uid: int
+    """Owner uid (reuseport groups are per uid)."""
+    reuseport: bool | None = None
+    """SO_REUSEPORT, None when no visible process holds the socket."""
+    owner: tuple[int, int] | None = None
+    """(pid, fd) of a process that holds it, when one was found."""
+
+    @property
+    def is_bind(self) -> bool:
+        """A socket that took a port by bind(): a TCP listener, an unconnected UDP socket."""
+        return self.state == (TCP_LISTEN if self.proto == "tcp" else TCP_CLOSE)
+
+    @property
+    def endpoint(self) -> str:
+        """``[::1]:443/udp``, ``127.0.0.1:80/tcp``."""
+        return f"{host_port(self.address, self.port)}/{self.proto}"
+
+
+def host_port(address: IPAddress, port: int) -> str:
+    return f"[{address}]:{port}" if address.version == 6 else f"{address}:{port}"
+
+
+# -- sock_diag --------------------------------------------------------------------------
+
+
+def _align4(n: int) -> int:
+    return (n + 3) & ~3
+
+
+def parse_dump(data: bytes, seq: int, proto: str) -> tuple[list[BoundSocket], bool]:
+    """The sockets in one read of a SOCK_DIAG_BY_FAMILY dump, and whether it is over
+    (NLMSG_DONE). NLMSG_ERROR raises OSError with its errno."""
+    out: list[BoundSocket] = []
+    off = 0
+    while off + _NLMSGHDR.size <= len(data):
+        length, kind, _flags, msg_seq, _pid = _NLMSGHDR.unpack_from(data, off)
+        if length < _NLMSGHDR.size or off + length > len(data):
+            raise OSError(errno.EPROTO, f"sock_diag: truncated netlink message at {off}")
+        body = off + _NLMSGHDR.size
+        if msg_seq != seq:
+            pass  # a late answer to an earlier dump
+        elif kind == NLMSG_DONE:
+            return out, True
+        elif kind == NLMSG_ERROR:
+            (err,) = struct.unpack_from("=i", data, body)
+            raise OSError(-err, f"sock_diag dump: {os.strerror(-err)}")
+        elif kind == SOCK_DIAG_BY_FAMILY and length >= _NLMSGHDR.size + _MSG.size:
+            family, state, sport, src, cookie, uid, inode = _MSG.unpack_from(data, body)
+            raw = src[:4] if family == socket.AF_INET else src
+            out.append(
+                BoundSocket(
+                    proto=proto,
+                    family=family,
+                    state=state,
+                    address=ipaddress.ip_address(raw),
+                    port=int.from_bytes(sport, "big"),
+                    inode=inode,
+                    cookie=cookie,
+                    uid=uid,
+                )
+            )
+        off += _align4(length)
+    return out, False
+
+
+def dump(proto: str, family: int) -> list[BoundSocket]:
+    """Every socket of ``proto`` and ``family`` in the calling thread's namespace."""
+    seq = 1
+    req = _REQ.pack(family, PROTOCOLS[proto], 0, _ALL_STATES)
+    head = _NLMSGHDR.pack(
+        _NLMSGHDR.size + len(req), SOCK_DIAG_BY_FAMILY, NLM_F_REQUEST | NLM_F_DUMP, seq, 0
+    )
+    out: list[BoundSocket] = []
+    with socket.socket(socket.AF_NETLINK, socket.SOCK_DGRAM, NETLINK_SOCK_DIAG) as nl:
+        nl.sendto(head + req, (0, 0))
+        while True:
+            got, done = parse_dump(nl.recv(_RECV_BUF), seq, proto)
+            out += got
+            if done:
+                return out
+
+
+# -- owners and the option ----------------------------------------------------------------
+
+
+def socket_owners(inodes: Iterable[int], proc: Path = Path("/proc")) -> dict[int, tuple[int, int]]:
+    """(pid, fd) of a process holding each socket inode of ``inodes`` that one holds."""
+    wanted = {f"socket:[{i}]": i for i in inodes}
+    found: dict[int, tuple[int, int]] = {}
+    for pid_dir in proc.iterdir():
+        if not pid_dir.name.isdigit():
+            continue
+        try:
+            fds = os.listdir(pid_dir / "fd")
+        except OSError:  # gone, or not ours to see
+            continue
+        for fd in fds:
+            try:
+                target = os.readlink(pid_dir / "fd" / fd)
+            except OSError:
+                continue
+            inode = wanted.get(target)
+            if inode is not None and inode not in found:
+                found[inode] = (int(pid_dir.name), int(fd))
+        if len(found) == len(wanted):
+            break
+    return found
+
+
+def pidfd_getfd(pid: int, fd: int) -> int:
+    """A close-on-exec copy, in this process, of descriptor ``fd`` of process ``pid``."""
+    pidfd = os.pidfd_open(pid)
+    try:
+        ret = _libc.syscall(SYS_PIDFD_GETFD, pidfd, fd, 0)
+        if ret < 0:
+            err = ctypes.get_errno()
+            raise OSError(err, f"pidfd_getfd(pid {pid}, fd {fd}): {os.strerror(err)}")
+        return int(ret)
+    finally:
+        os.close(pidfd)
+
+
+def take_socket(pid: int, fd: int) -> socket.socket:
+    """Descriptor ``fd`` of process ``pid`` as a socket object of this process (a copy:
+    closing it leaves the owner's alone)."""
+    return socket.socket(fileno=pidfd_getfd(pid, fd))
+
+
+def read_reuseport(pid: int, fd: int) -> bool | None:
+    """SO_REUSEPORT of descriptor ``fd`` of ``pid``; None if it cannot be read."""
+    try:
+        with take_socket(pid, fd) as sock:
+            return bool(sock.getsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT))
+    except OSError:
+        return None
+
+
+def scan() -> list[BoundSocket]:
+    """Every TCP and UDP socket of the calling thread's namespace; the bound ones (TCP
+    listeners, unconnected UDP sockets) with their owner and SO_REUSEPORT read."""
+    sockets = [s for p in PROTOCOLS for f in (socket.AF_INET, socket.AF_INET6) for s in dump(p, f)]
+    binds = {s.inode for s in sockets if s.is_bind and s.inode}
+    owners = socket_owners(binds)
+    out = []
+    for s in sockets:
+        if s.is_bind and (owner := owners.get(s.inode)) is not None:
+            s = replace(s, owner=owner, reuseport=read_reuseport(*owner))
+        out.append(s)
+    return out
+
+
+# -- finding a socket by where it listens --------------------------------------------------
+
+
+class NoSuchSocket(XdplbError):
+    """No socket, or none that can be taken, is bound where asked."""
+
+
+def parse_endpoint(text: str, default_proto: str = "tcp") -> tuple[IPAddress, int, str]:
+    """``127.0.0.1:8080/tcp``, ``[::1]:53/udp``, ``127.0.0.1:8080`` (``default_proto``)."""
+    where, _, proto = text.partition("/")
+    proto = proto or default_proto
+    if proto not in PROTOCOLS:
+        raise ValueError(f"{text!r}: protocol {proto!r}, want tcp or udp")
+    host, sep, port = where.rpartition(":")
+    if not sep or not port.isdigit() or not 0 < int(port) < 65536:
+        raise ValueError(f"{text!r}: want ADDRESS:PORT[/tcp|udp]")
+    return ipaddress.ip_address(host.strip("[]")), int(port), proto
+
+
+def find_socket(address: IPAddress, port: int, proto: str) -> socket.socket:
+    """A copy of the socket bound at ``address``:``port`` for ``proto`` (a TCP listener,
+    an unconnected UDP socket) in the calling thread's namespace. Of a reuseport group,
+    any member: the kernel picks within the group after a steering program assigned one."""
+    bound = [
+        s
+        for f in (socket.AF_INET, socket.AF_INET6)
+        for s in dump(proto, f)
+        if s.is_bind and s.port == port and s.address == address
+    ]
+    where = f"{host_port(address, port)}/{proto}"
+    if not bound:
+        raise NoSuchSocket(f"no {proto} socket is bound at {where}")
+    owners = socket_owners(s.inode for s in bound)
+    errors = []
+    for s in bound:
+        if (owner := owners.get(s.inode)) is None:
+            continue
+        try:
+            return take_socket(*owner)
+        except OSError as e:
+            errors.append(str(e))
+    detail = "; ".join(errors) or "no process we can see holds it"
+    raise NoSuchSocket(f"the socket at {where} cannot be taken: {detail}")
+
+
+# -- the check ---------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Finding:
+    """One thing check-binds has to say about a port of a protocol."""
+
+    kind: str
+    """``mixed-reuseport`` and ``long-bucket`` are warnings; ``undetermined`` is a note."""
+    proto: str
+    port: int
+    message: str
+    with_reuseport: tuple[str, ...] = ()
+    """Addresses (``[::2]:443``) bound with SO_REUSEPORT."""
+    without_reuseport: tuple[str, ...] = ()
+    """Addresses bound without it."""
+    undetermined: tuple[str, ...] = ()
+    """Addresses whose option could not be read."""
+    sockets: int = 0
+    """Sockets in the port's bucket (every state, connections included)."""
+    warning: bool = field(default=True)
+
+
+def _addrs(sockets: Iterable[BoundSocket]) -> tuple[str, ...]:
+    return tuple(sorted({host_port(s.address, s.port) for s in sockets}))
+
+
+def check(sockets: Iterable[BoundSocket], long_bucket: int = LONG_BUCKET) -> list[Finding]:
+    """What is wrong with the binds of ``sockets``, port by port (pure: no syscalls)."""
+    by_port: dict[tuple[str, int], list[BoundSocket]] = defaultdict(list)
+    for s in sockets:
+        if s.port:
+            by_port[(s.proto, s.port)].append(s)
+    out: list[Finding] = []
+    for (proto, port), group in sorted(by_port.items()):
+        binds = [s for s in group if s.is_bind]
+        yes = [s for s in binds if s.reuseport is True]
+        no = [s for s in binds if s.reuseport is False]
+        unknown = [s for s in binds if s.reuseport is None]
+        if yes and no:
+            out.append(
+                Finding(
+                    "mixed-reuseport",
+                    proto,
+                    port,
+                    f"{proto} port {port} is bound with SO_REUSEPORT on "
+                    f"{', '.join(_addrs(yes))} and without it on {', '.join(_addrs(no))}: "
+                    "every bind() to the port walks its whole bucket under a spin lock",
+                    _addrs(yes),
+                    _addrs(no),
+                    _addrs(unknown),
+                    len(group),
+                )
+            )
+        elif unknown and (yes or no or len(unknown) > 1):
+            out.append(
+                Finding(
+                    "undetermined",
+                    proto,
+                    port,
+                    f"{proto} port {port}: SO_REUSEPORT unknown on {', '.join(_addrs(unknown))} "
+                    "(held by no process visible here)",
+                    _addrs(yes),
+                    _addrs(no),
+                    _addrs(unknown),
+                    len(group),
+                    warning=False,
+                )
+            )
+        if binds and len(group) >= long_bucket:
+            out.append(
+                Finding(
+                    "long-bucket",
+                    proto,
+                    port,
+                    f"{proto} port {port} has {len(group)} sockets in one bind bucket "
+                    f"(at least {long_bucket}): binds and listens on it walk them all",
+                    sockets=len(group),
+                )
+            )
+    return out
