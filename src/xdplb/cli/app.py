@@ -56,6 +56,7 @@ from xdplb.cli.args import (
 from xdplb.cli.capture import capture as capture_command
 from xdplb.cli.client import ApiError, Client, DrainTimeout, NotRunning, Unreachable
 from xdplb.cli.console import console, fail
+from xdplb.cli.host_sockets import register as register_host_sockets
 from xdplb.cli.render import (
     changed,
     drain_line,
@@ -67,6 +68,8 @@ from xdplb.cli.render import (
     view,
     view_lines,
 )
+from xdplb.cli.serve import SERVE_CONTEXT, serve_command
+from xdplb.cli.socklb import socklb_app
 from xdplb.config import AclConfig, BackendConfig, EncapKind, HashFields, TableKindName, load_config
 from xdplb.config import Protocol as L4Protocol
 from xdplb.control.interface import VipRef
@@ -571,9 +574,14 @@ for _action, _help in ACL_CHANGES.items():
 
 
 host_app = typer.Typer(
-    no_args_is_help=True, rich_markup_mode=None, help="host_tc on a backend host."
+    no_args_is_help=True,
+    rich_markup_mode=None,
+    help="A server host: host_tc, bind checks, sk_lookup steering (docs/sockets.md).",
 )
 app.add_typer(host_app, name="host")
+register_host_sockets(host_app)
+app.add_typer(socklb_app, name="socklb")
+app.command("serve", context_settings=SERVE_CONTEXT)(serve_command)
 
 
 @host_app.command("attach")

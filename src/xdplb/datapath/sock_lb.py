@@ -1,0 +1,604 @@
+"""sock_lb (bpf/sock_lb.bpf.c): socket-level service balancing for the processes of a cgroup.
+
+A client in the cgroup that connects (TCP, UDP) or sends (unconnected UDP) to a service
+address is sent to a backend when it makes the call, so no packet is ever translated.
+:class:`SockLb` loads the object with its maps pinned per instance, attaches its ten
+cgroup hooks as pinned bpf_links (they outlive this process), and takes the whole desired
+state in one :meth:`SockLb.apply`: services, backends with weights and health, affinity.
+
+Tables are Maglev tables built by :mod:`xdplb.tables.maglev`, as the XDP tier builds them
+(same sizes, same identity-sorted weighting), from the backends that are up; a table is
+replaced whole. A backend that goes down is left out of its tables, and the UDP sockets
+connected to it through a service are destroyed (``bpf_sock_destroy`` from an iter/udp
+program) so their owners get ECONNABORTED and reconnect.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import enum
+import errno
+import ipaddress
+import os
+import shutil
+import socket
+import struct
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import ClassVar
+
+from xdplb.core import paths
+from xdplb.core.addresses import IPAddress
+from xdplb.core.closing import Closing
+from xdplb.core.errors import BpfError, XdplbError
+from xdplb.datapath._ffi import lib
+from xdplb.datapath.links import Link, attach_link, run_iter
+from xdplb.datapath.maps import BPF_F_INNER_MAP, Map, MapType
+from xdplb.datapath.objects import BpfObject
+from xdplb.tables import maglev
+
+#: Mirrors of bpf/include/sock_lb_abi.h (checked against the object's BTF by
+#: tests/bpf/test_sock_lb_abi.py).
+MAX_SERVICES = 256
+MAX_BACKENDS = 4096
+DEFAULT_TABLE_SIZE = maglev.DEFAULT_SIZE
+FAMILY_V4 = 4
+FAMILY_V6 = 6
+
+#: Where an instance's sock_lb pins live: ``<pin root>/sock_lb`` (maps) and its ``links``.
+PIN_SUBDIR = "sock_lb"
+LINKS_SUBDIR = "links"
+OBJECT = "sock_lb"
+
+
+class SockLbEvent(enum.IntEnum):
+    """Index of ``socklb_events`` (``enum socklb_event``), counted per CPU."""
+
+    CONNECT = 0
+    SENDMSG = enum.auto()
+    RECVMSG = enum.auto()
+    PEERNAME = enum.auto()
+    AFFINITY_HIT = enum.auto()
+    NO_BACKEND = enum.auto()
+    BIND_REFUSED = enum.auto()
+    REV_FAILED = enum.auto()
+    DESTROYED = enum.auto()
+    DESTROY_FAILED = enum.auto()
+
+
+class AbiStruct(ctypes.Structure):
+    """A mirror of a struct of sock_lb_abi.h: ``c_name`` is the C struct's name."""
+
+    c_name: ClassVar[str]
+
+    def pack(self) -> bytes:
+        return bytes(self)
+
+
+class SvcKey(AbiStruct):
+    c_name = "socklb_svc_key"
+    _fields_ = [
+        ("addr", ctypes.c_uint32 * 4),
+        ("port", ctypes.c_uint16),  # network order
+        ("proto", ctypes.c_uint8),
+        ("family", ctypes.c_uint8),
+    ]
+
+
+class SvcValue(AbiStruct):
+    c_name = "socklb_svc"
+    _fields_ = [
+        ("id", ctypes.c_uint32),
+        ("table_size", ctypes.c_uint32),
+        ("affinity_ns", ctypes.c_uint64),
+    ]
+
+
+class BackendValue(AbiStruct):
+    c_name = "socklb_backend"
+    _fields_ = [
+        ("addr", ctypes.c_uint32 * 4),
+        ("port", ctypes.c_uint16),  # network order
+        ("family", ctypes.c_uint8),
+        ("up", ctypes.c_uint8),
+    ]
+
+
+class AffKey(AbiStruct):
+    c_name = "socklb_aff_key"
+    _fields_ = [
+        ("netns_cookie", ctypes.c_uint64),
+        ("svc_id", ctypes.c_uint32),
+        ("pad", ctypes.c_uint32),
+    ]
+
+
+class AffValue(AbiStruct):
+    c_name = "socklb_aff"
+    _fields_ = [
+        ("last_ns", ctypes.c_uint64),
+        ("backend_id", ctypes.c_uint32),
+        ("pad", ctypes.c_uint32),
+    ]
+
+
+class RevKey(AbiStruct):
+    c_name = "socklb_rev_key"
+    _fields_ = [
+        ("cookie", ctypes.c_uint64),
+        ("addr", ctypes.c_uint32 * 4),
+        ("port", ctypes.c_uint16),
+        ("family", ctypes.c_uint8),
+        ("pad", ctypes.c_uint8 * 5),
+    ]
+
+
+class RevValue(AbiStruct):
+    c_name = "socklb_rev"
+    _fields_ = [
+        ("addr", ctypes.c_uint32 * 4),
+        ("port", ctypes.c_uint16),
+        ("family", ctypes.c_uint8),
+        ("pad", ctypes.c_uint8),
+        ("backend_id", ctypes.c_uint32),
+    ]
+
+
+#: Every mirrored struct, for the BTF check.
+STRUCTS: tuple[type[AbiStruct], ...] = (
+    SvcKey,
+    SvcValue,
+    BackendValue,
+    AffKey,
+    AffValue,
+    RevKey,
+    RevValue,
+)
+
+#: (program, attach type) of every cgroup hook.
+HOOKS: tuple[tuple[str, int], ...] = (
+    ("sock_lb_connect4", lib.BPF_CGROUP_INET4_CONNECT),
+    ("sock_lb_connect6", lib.BPF_CGROUP_INET6_CONNECT),
+    ("sock_lb_sendmsg4", lib.BPF_CGROUP_UDP4_SENDMSG),
+    ("sock_lb_sendmsg6", lib.BPF_CGROUP_UDP6_SENDMSG),
+    ("sock_lb_recvmsg4", lib.BPF_CGROUP_UDP4_RECVMSG),
+    ("sock_lb_recvmsg6", lib.BPF_CGROUP_UDP6_RECVMSG),
+    ("sock_lb_getpeername4", lib.BPF_CGROUP_INET4_GETPEERNAME),
+    ("sock_lb_getpeername6", lib.BPF_CGROUP_INET6_GETPEERNAME),
+    ("sock_lb_post_bind4", lib.BPF_CGROUP_INET4_POST_BIND),
+    ("sock_lb_post_bind6", lib.BPF_CGROUP_INET6_POST_BIND),
+)
+DESTROY_PROGRAM = "sock_lb_destroy"
+
+
+class SockLbError(XdplbError):
+    """A desired state sock_lb cannot hold (too many services, mixed families, ...)."""
+
+
+def _words(addr: IPAddress) -> tuple[int, int, int, int]:
+    raw = addr.packed.ljust(16, b"\0")
+    w = [int.from_bytes(raw[i : i + 4], "little") for i in range(0, 16, 4)]
+    return (w[0], w[1], w[2], w[3])
+
+
+def _addr(words: Sequence[int], family: int) -> IPAddress:
+    raw = b"".join(int(w).to_bytes(4, "little") for w in words)
+    return ipaddress.IPv4Address(raw[:4]) if family == FAMILY_V4 else ipaddress.IPv6Address(raw)
+
+
+def _family(addr: IPAddress) -> int:
+    return FAMILY_V4 if addr.version == 4 else FAMILY_V6
+
+
+def _svc_key(addr: IPAddress, port: int, proto: int) -> SvcKey:
+    return SvcKey(_words(addr), socket.htons(port), proto, _family(addr))
+
+
+def _u32(n: int) -> bytes:
+    return struct.pack("<I", n)
+
+
+# -- the desired state ---------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Endpoint:
+    """An address and port: a backend's identity (one id per endpoint, whatever the
+    services that name it)."""
+
+    address: IPAddress
+    port: int
+
+    def order(self) -> tuple[int, int, int]:
+        """A sort key across families (ipaddress refuses to compare v4 with v6)."""
+        return (self.address.version, int(self.address), self.port)
+
+    def __str__(self) -> str:
+        host = f"[{self.address}]" if self.address.version == 6 else str(self.address)
+        return f"{host}:{self.port}"
+
+
+@dataclass(frozen=True)
+class Backend:
+    """One backend of a service."""
+
+    #: Where the connection or datagram goes instead of the service address.
+    endpoint: Endpoint
+    #: Share of the service's table, relative to the other backends (0: none).
+    weight: int = 1
+    #: False: health says down: out of the table, and connected UDP sockets reset.
+    up: bool = True
+
+
+@dataclass(frozen=True)
+class Service:
+    """A service address that clients in the cgroup connect or send to."""
+
+    address: IPAddress
+    port: int
+    #: socket.IPPROTO_TCP or socket.IPPROTO_UDP.
+    proto: int
+    backends: tuple[Backend, ...]
+    #: Seconds a client (its network namespace) keeps its backend once chosen, counted
+    #: from its last connect or send to the service; 0: no affinity.
+    affinity_s: float = 0.0
+    #: Buckets of its Maglev table: a prime, the XDP tier's default unless told.
+    table_size: int = DEFAULT_TABLE_SIZE
+
+    @property
+    def key(self) -> tuple[IPAddress, int, int]:
+        return (self.address, self.port, self.proto)
+
+
+@dataclass(frozen=True)
+class Plan:
+    """What :meth:`SockLb.apply` writes; computed without a kernel by :func:`plan`."""
+
+    #: Service key -> (service id, value, its table as backend ids; None: no backend up).
+    services: dict[tuple[IPAddress, int, int], tuple[int, SvcValue, maglev.U32Array | None]]
+    #: Backend id -> value, for every backend of the desired state (down ones too).
+    backends: dict[int, BackendValue]
+    #: Backend id -> endpoint, as in ``backends``.
+    endpoints: dict[int, Endpoint]
+    #: Services of the current state that are not desired any more: their ids.
+    removed_services: dict[tuple[IPAddress, int, int], int]
+    #: Ids of backends no service names any more (their slot is zeroed).
+    removed_backends: frozenset[int]
+    #: Ids of backends that were up and no longer are (down or removed): the UDP sockets
+    #: connected to them through a service are destroyed.
+    went_down: frozenset[int] = field(default_factory=frozenset)
+
+
+def _lowest_free(used: Iterable[int], start: int, stop: int, what: str) -> int:
+    taken = set(used)
+    for i in range(start, stop):
+        if i not in taken:
+            return i
+    raise SockLbError(f"no free {what} id: at most {stop - start}")
+
+
+def check_services(services: Sequence[Service]) -> None:
+    """Refuse what the maps cannot hold: duplicate services, backends of another family
+    than their service, or one endpoint said up by a service and down by another."""
+    seen: set[tuple[IPAddress, int, int]] = set()
+    health: dict[Endpoint, bool] = {}
+    for svc in services:
+        if svc.key in seen:
+            raise SockLbError(f"service {Endpoint(svc.address, svc.port)} proto {svc.proto} twice")
+        seen.add(svc.key)
+        if svc.proto not in (socket.IPPROTO_TCP, socket.IPPROTO_UDP):
+            raise SockLbError(f"service {Endpoint(svc.address, svc.port)}: proto {svc.proto}")
+        for b in svc.backends:
+            if b.endpoint.address.version != svc.address.version:
+                raise SockLbError(
+                    f"service {Endpoint(svc.address, svc.port)}: backend {b.endpoint} "
+                    "is of another address family"
+                )
+            if health.setdefault(b.endpoint, b.up) != b.up:
+                raise SockLbError(f"backend {b.endpoint} is up in one service, down in another")
+    if len(seen) > MAX_SERVICES:
+        raise SockLbError(f"{len(seen)} services: at most {MAX_SERVICES}")
+
+
+def plan(
+    services: Sequence[Service],
+    current_services: Mapping[tuple[IPAddress, int, int], int],
+    current_backends: Mapping[Endpoint, tuple[int, bool]],
+) -> Plan:
+    """The maps' contents for ``services``, given the ids in use now (service key -> id;
+    endpoint -> (backend id, up)). Ids are kept for what stays, so tables of unchanged
+    services come out identical; new ones take the lowest id free now and not held by
+    something this plan removes (backend id 0 is never used: a zeroed slot names
+    nothing)."""
+    check_services(services)
+    backend_ids: dict[Endpoint, int] = {}
+    health: dict[Endpoint, bool] = {}
+    for svc in services:
+        for b in svc.backends:
+            health[b.endpoint] = b.up
+    for ep in sorted(health, key=Endpoint.order):
+        if ep in current_backends:
+            backend_ids[ep] = current_backends[ep][0]
+    # Ids of what goes away are not reused in the same plan: apply clears them last.
+    taken = {i for i, _ in current_backends.values()}
+    for ep in sorted(health, key=Endpoint.order):
+        if ep not in backend_ids:
+            backend_ids[ep] = _lowest_free(taken, 1, MAX_BACKENDS, "backend")
+            taken.add(backend_ids[ep])
+
+    svc_ids: dict[tuple[IPAddress, int, int], int] = {
+        s.key: current_services[s.key] for s in services if s.key in current_services
+    }
+    out: dict[tuple[IPAddress, int, int], tuple[int, SvcValue, maglev.U32Array | None]] = {}
+    svc_taken = set(current_services.values())
+    for svc in services:
+        if svc.key not in svc_ids:
+            svc_ids[svc.key] = _lowest_free(svc_taken, 0, MAX_SERVICES, "service")
+            svc_taken.add(svc_ids[svc.key])
+        sid = svc_ids[svc.key]
+        weights = {str(b.endpoint): b.weight for b in svc.backends if b.up and b.weight > 0}
+        ids = {str(b.endpoint): backend_ids[b.endpoint] for b in svc.backends}
+        table = maglev.build(weights, svc.table_size).map_ids(ids) if weights else None
+        value = SvcValue(sid, svc.table_size, round(svc.affinity_s * 1e9))
+        out[svc.key] = (sid, value, table)
+
+    backends = {
+        backend_ids[ep]: BackendValue(
+            _words(ep.address), socket.htons(ep.port), _family(ep.address), up
+        )
+        for ep, up in health.items()
+    }
+    removed = frozenset(i for ep, (i, _) in current_backends.items() if ep not in backend_ids)
+    was_up = {i for i, up in current_backends.values() if up}
+    went_down = frozenset(
+        i for i in was_up if i in removed or not backends.get(i, BackendValue()).up
+    )
+    return Plan(
+        services=out,
+        backends=backends,
+        endpoints={i: ep for ep, i in backend_ids.items()},
+        removed_services={k: i for k, i in current_services.items() if k not in out},
+        removed_backends=removed,
+        went_down=went_down,
+    )
+
+
+# -- the loaded object ---------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class ApplyResult:
+    """What :meth:`SockLb.apply` did."""
+
+    plan: Plan
+    #: Socket cookies of the connected UDP sockets destroyed (backends that went down).
+    destroyed: tuple[int, ...]
+
+
+@dataclass(frozen=True)
+class ServiceState:
+    """A service as the maps hold it (for ``status``)."""
+
+    address: IPAddress
+    port: int
+    proto: int
+    id: int
+    table_size: int
+    affinity_ns: int
+    #: Backend endpoint -> buckets of the table it owns now (absent: none).
+    buckets: dict[Endpoint, int]
+
+
+def pin_dir(instance: str) -> Path:
+    """Where ``instance``'s sock_lb maps are pinned (its links under ``links/``)."""
+    return paths.pin_root(instance) / PIN_SUBDIR
+
+
+class SockLb(Closing):
+    """sock_lb loaded for an instance: maps pinned under ``pin_dir(instance)``, so a
+    later process (the CLI, a restarted daemon) finds and refills the same maps."""
+
+    def __init__(self, instance: str, obj_path: Path | None = None) -> None:
+        self.instance = instance
+        self.pin_dir = pin_dir(instance)
+        self.pin_dir.mkdir(parents=True, exist_ok=True)
+        os.chmod(self.pin_dir, 0o700)  # pins are root's business only
+        self.obj = BpfObject.load(obj_path or paths.bpf_object(OBJECT), pin_root=self.pin_dir)
+
+    @property
+    def links_dir(self) -> Path:
+        return self.pin_dir / LINKS_SUBDIR
+
+    def map(self, name: str) -> Map:
+        return self.obj.map(name)
+
+    # -- attachment --------------------------------------------------------------
+
+    def attach(self, cgroup: Path) -> None:
+        """Attach every hook to the cgroup v2 directory ``cgroup`` as a pinned bpf_link
+        (processes in it and its descendants are balanced). Attached already: the
+        programs are swapped in place (bpf_link_update), in whatever cgroup that is."""
+        self.links_dir.mkdir(exist_ok=True)
+        fd = os.open(cgroup, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+        made: list[Path] = []
+        try:
+            for name, attach_type in HOOKS:
+                prog = self.obj.program(name)
+                pin = self.links_dir / name
+                if pin.exists():
+                    with Link.from_pinned(pin) as link:
+                        link.update_program(prog)
+                    continue
+                with attach_link(prog, fd, attach_type, f"cgroup {cgroup}") as link:
+                    link.pin(pin)
+                    made.append(pin)
+        except BaseException:
+            for pin in made:  # all hooks or none: half a balancer rewrites without replies
+                _unlink_link(pin)
+            raise
+        finally:
+            os.close(fd)
+
+    def attached(self) -> bool:
+        return all((self.links_dir / name).exists() for name, _ in HOOKS)
+
+    # -- the state ---------------------------------------------------------------
+
+    def current(
+        self,
+    ) -> tuple[dict[tuple[IPAddress, int, int], int], dict[Endpoint, tuple[int, bool]]]:
+        """(service key -> id, endpoint -> (backend id, up)) as the maps hold them."""
+        svcs = {key: v.id for key, v in self._service_values().items()}
+        bes: dict[Endpoint, tuple[int, bool]] = {}
+        raw = self.map("socklb_backends").lookup_array()
+        size = ctypes.sizeof(BackendValue)
+        for i in range(1, len(raw) // size):
+            b = BackendValue.from_buffer_copy(raw, i * size)
+            if b.family:
+                bes[Endpoint(_addr(b.addr, b.family), socket.ntohs(b.port))] = (i, bool(b.up))
+        return svcs, bes
+
+    def _service_values(self) -> dict[tuple[IPAddress, int, int], SvcValue]:
+        out: dict[tuple[IPAddress, int, int], SvcValue] = {}
+        for key, value in self.map("socklb_services").items():
+            k = SvcKey.from_buffer_copy(key)
+            out[(_addr(k.addr, k.family), socket.ntohs(k.port), k.proto)] = (
+                SvcValue.from_buffer_copy(value)
+            )
+        return out
+
+    def apply(self, services: Sequence[Service]) -> ApplyResult:
+        """Make the maps hold exactly ``services``, in an order where a connect never
+        finds a table slot naming a backend that is not up, nor a bucket past its table's
+        end: backends up first, then each table swapped whole, then the service entries
+        (before the table for a service whose table shrinks), then backends down;
+        services gone, then their tables, then backends gone. Last, the connected UDP
+        sockets of backends that went down are destroyed -- those of the calling thread's
+        network namespace, the one the iterator walks."""
+        old_sizes = {key: v.table_size for key, v in self._service_values().items()}
+        p = plan(services, *self.current())
+        # A table and its service's size are two writes: whichever is smaller must be in
+        # place while the other is not, or a bucket would fall past the table's end.
+        svc_map = self.map("socklb_services")
+        shrinking = {
+            key: value
+            for key, (_, value, _) in p.services.items()
+            if old_sizes.get(key, 0) > value.table_size
+        }
+        backends = self.map("socklb_backends")
+        for bid, be in p.backends.items():
+            if be.up:
+                backends.update(_u32(bid), be.pack())
+        for key, value in shrinking.items():
+            svc_map.update(_svc_key(*key).pack(), value.pack())
+        tables = self.map("socklb_tables")
+        for sid, _, table in p.services.values():
+            if table is None:
+                tables.delete(_u32(sid))
+                continue
+            with Map.create(
+                MapType.ARRAY, 4, 4, len(table), name=f"socklb_tbl_{sid}", flags=BPF_F_INNER_MAP
+            ) as inner:
+                inner.update_array(table)
+                tables.update(_u32(sid), _u32(inner.fd))
+        for key, (_, value, _) in p.services.items():
+            if key not in shrinking:
+                svc_map.update(_svc_key(*key).pack(), value.pack())
+        for bid, be in p.backends.items():
+            if not be.up:
+                backends.update(_u32(bid), be.pack())
+        for key, sid in p.removed_services.items():
+            svc_map.delete(_svc_key(*key).pack())
+            tables.delete(_u32(sid))
+        for bid in p.removed_backends:
+            backends.update(_u32(bid), BackendValue().pack())
+        destroyed = self.destroy_connected() if p.went_down else ()
+        return ApplyResult(plan=p, destroyed=destroyed)
+
+    def destroy_connected(self) -> tuple[int, ...]:
+        """Destroy every UDP socket of the calling thread's network namespace that is
+        connected through a service to a backend not up now; their cookies."""
+        out = run_iter(self.obj.program(DESTROY_PROGRAM))
+        return tuple(struct.unpack(f"<{len(out) // 8}Q", out[: len(out) // 8 * 8]))
+
+    def services(self) -> list[ServiceState]:
+        """Every service and the buckets each backend owns in its table."""
+        _, bes = self.current()
+        by_id = {i: ep for ep, (i, _) in bes.items()}
+        out = []
+        for key, value in self.map("socklb_services").items():
+            k = SvcKey.from_buffer_copy(key)
+            v = SvcValue.from_buffer_copy(value)
+            buckets: dict[Endpoint, int] = {}
+            for bid, n in _table_counts(self.map("socklb_tables"), v.id).items():
+                if bid in by_id:
+                    buckets[by_id[bid]] = n
+            out.append(
+                ServiceState(
+                    _addr(k.addr, k.family),
+                    socket.ntohs(k.port),
+                    k.proto,
+                    v.id,
+                    v.table_size,
+                    v.affinity_ns,
+                    buckets,
+                )
+            )
+        return sorted(out, key=lambda s: s.id)
+
+    def events(self) -> dict[SockLbEvent, int]:
+        return events(self.map("socklb_events"))
+
+    def close(self) -> None:
+        self.obj.close()
+
+
+def _table_counts(tables: Map, sid: int) -> dict[int, int]:
+    """Backend id -> buckets, of service ``sid``'s table ({} when it has none)."""
+    raw = tables.lookup(_u32(sid))
+    if raw is None:
+        return {}
+    map_id = struct.unpack("<I", raw[:4])[0]
+    try:
+        with Map.from_id(map_id) as inner:
+            words = inner.lookup_array()
+    except BpfError as e:
+        if e.errno == errno.ENOENT:  # replaced by a concurrent apply
+            return {}
+        raise
+    counts: dict[int, int] = {}
+    for (bid,) in struct.iter_unpack("<I", words):
+        counts[bid] = counts.get(bid, 0) + 1
+    return counts
+
+
+def events(m: Map) -> dict[SockLbEvent, int]:
+    """``socklb_events`` summed over CPUs."""
+    return {
+        ev: sum(struct.unpack("<Q", v[:8])[0] for v in m.lookup_percpu(_u32(ev)))
+        for ev in SockLbEvent
+    }
+
+
+def _unlink_link(pin: Path) -> None:
+    with Link.from_pinned(pin) as link:
+        link.detach()
+    pin.unlink()
+
+
+def detach(instance: str) -> bool:
+    """Detach every hook of ``instance`` and remove its pins (maps included); False if it
+    had none."""
+    root = pin_dir(instance)
+    if not root.exists():
+        return False
+    links = root / LINKS_SUBDIR
+    if links.exists():
+        for pin in sorted(links.iterdir()):
+            _unlink_link(pin)
+    shutil.rmtree(root, ignore_errors=True)
+    with contextlib.suppress(OSError):  # the instance's pin root, unless others use it
+        root.parent.rmdir()
+    return True
