@@ -11,7 +11,7 @@
  * The program never drops: whenever it cannot choose, the kernel's own hash
  * selection runs, counted under a named event.
  *
- * Contract: docs (host sockets, "Generations with sk_reuseport").
+ * Contract: docs/sockets.md, "Generations with sk_reuseport".
  */
 #include <linux/bpf.h>
 #include <bpf/bpf_helpers.h>

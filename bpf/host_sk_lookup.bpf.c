@@ -12,7 +12,7 @@
  * the target socket there.  Nothing matched, or the socket is gone: the
  * kernel's own lookup runs as if this program were not there.
  *
- * Contract: docs (host sockets, "sk_lookup steering").
+ * Contract: docs/sockets.md, "sk_lookup steering".
  */
 #include <linux/bpf.h>
 #include <bpf/bpf_helpers.h>

@@ -10,7 +10,7 @@ holds (another pid namespace, a process gone meanwhile) has it undetermined, and
 check says so. The same machinery hands the steering commands the socket that listens
 at an address (:func:`take_socket`).
 
-The rule checked (docs, "check-binds") is per protocol and port, the key of the
+The rule checked (docs/sockets.md, "check-binds") is per protocol and port, the key of the
 kernel's bind tables (TCP ``bhash``, UDP's port slots; one table for IPv4 and IPv6), each
 bucket under one spin lock: a port bound with SO_REUSEPORT on some addresses and without
 it on others turns TCP's bind fast path (``tb->fastreuseport``) off, after which a bind
