@@ -12,8 +12,10 @@ from pathlib import Path
 
 import pytest
 
+from xdplb.core import sockdiag
+from xdplb.core.sockdiag import TCP_CLOSE, TCP_ESTABLISHED, TCP_LISTEN
 from xdplb.sockets import binds
-from xdplb.sockets.binds import TCP_CLOSE, TCP_ESTABLISHED, TCP_LISTEN, BoundSocket
+from xdplb.sockets.binds import BoundSocket
 
 pytestmark = pytest.mark.unit
 
@@ -138,7 +140,7 @@ def _diag(family: int, state: int, addr: str, port: int, inode: int) -> bytes:
     msg = struct.pack(
         "=BBxx2s2x16s16x4xQ12xII", family, state, port.to_bytes(2, "big"), raw, 77, 0, inode
     )
-    # An attribute after the message (INET_DIAG_SKV6ONLY = 11): skipped.
+    # An attribute after the message: INET_DIAG_SKV6ONLY (11), read for a bound IPv6 socket.
     return msg + struct.pack("=HHB3x", 5, 11, 1)
 
 
@@ -147,20 +149,19 @@ def test_parse_dump() -> None:
         _nlmsg(20, 9, _diag(socket.AF_INET6, TCP_CLOSE, "::1", 443, 11))
         + _nlmsg(20, 9, _diag(socket.AF_INET, TCP_ESTABLISHED, "127.0.0.1", 53, 12))
         + _nlmsg(20, 8, _diag(socket.AF_INET, TCP_CLOSE, "127.0.0.9", 9, 13))
-        + _nlmsg(binds.NLMSG_DONE, 9, b"\0" * 4)
+        + _nlmsg(sockdiag.NLMSG_DONE, 9, b"\0" * 4)
     )
-    got, done = binds.parse_dump(data, 9, "udp")
+    got, done = sockdiag.parse_dump(data, 9)
     assert done
-    assert [(str(s.address), s.port, s.state, s.inode, s.cookie) for s in got] == [
-        ("::1", 443, TCP_CLOSE, 11, 77),
-        ("127.0.0.1", 53, TCP_ESTABLISHED, 12, 77),
+    assert [(str(s.address), s.port, s.state, s.inode, s.cookie, s.v6only) for s in got] == [
+        ("::1", 443, TCP_CLOSE, 11, 77, True),
+        ("127.0.0.1", 53, TCP_ESTABLISHED, 12, 77, False),
     ]
-    assert got[0].is_bind and not got[1].is_bind
 
 
 def test_parse_dump_error() -> None:
     with pytest.raises(OSError) as info:
-        binds.parse_dump(_nlmsg(binds.NLMSG_ERROR, 3, struct.pack("=i", -13)), 3, "tcp")
+        sockdiag.parse_dump(_nlmsg(sockdiag.NLMSG_ERROR, 3, struct.pack("=i", -13)), 3)
     assert info.value.errno == 13
 
 

@@ -12,6 +12,13 @@ import pytest
 
 from xdplb.agent.serverconns import (
     DUMP_STATES,
+    ConnectionCounter,
+    count_server_connections,
+    count_tcp,
+    count_udp_flows,
+)
+from xdplb.core.addresses import unmap
+from xdplb.core.sockdiag import (
     NLMSG_DONE,
     NLMSG_ERROR,
     TCP_CLOSE,
@@ -19,14 +26,9 @@ from xdplb.agent.serverconns import (
     TCP_LISTEN,
     TCP_SYN_RECV,
     TCP_TIME_WAIT,
-    ConnectionCounter,
-    InetSocket,
-    count_server_connections,
-    count_tcp,
-    count_udp_flows,
+    DiagSocket,
     parse_dump,
 )
-from xdplb.core.addresses import unmap
 
 pytestmark = pytest.mark.unit
 
@@ -36,21 +38,21 @@ VIP6 = "fd78:6470:6c62:100::1"
 OWN4 = "198.18.0.11"
 
 
-def sock(state: int, local: str, port: int, *, v6only: bool = False) -> InetSocket:
+def sock(state: int, local: str, port: int, *, v6only: bool = False) -> DiagSocket:
     addr = ipaddress.ip_address(local)
     family = socket.AF_INET if addr.version == 4 else socket.AF_INET6
-    return InetSocket(family, state, addr, port, v6only)
+    return DiagSocket(family, state, addr, port, v6only=v6only)
 
 
-def listen(local: str, port: int, *, v6only: bool = False) -> InetSocket:
+def listen(local: str, port: int, *, v6only: bool = False) -> DiagSocket:
     return sock(TCP_LISTEN, local, port, v6only=v6only)
 
 
-def est(local: str, port: int) -> InetSocket:
+def est(local: str, port: int) -> DiagSocket:
     return sock(TCP_ESTABLISHED, local, port)
 
 
-def counts(*sockets: InetSocket) -> dict[tuple[str, int], int]:
+def counts(*sockets: DiagSocket) -> dict[tuple[str, int], int]:
     return {(str(a), p): n for (a, p), n in count_server_connections(sockets).items()}
 
 
@@ -120,21 +122,24 @@ def test_unmap() -> None:
 # -- the dump itself ------------------------------------------------------------------------
 
 
-def pyroute2_sockets() -> list[InetSocket]:
+def pyroute2_sockets() -> list[DiagSocket]:
     """The same dump through pyroute2's DiagSocket: the reference the raw one must match."""
-    from pyroute2 import DiagSocket
+    from pyroute2 import DiagSocket as Pyroute2Diag
 
     out = []
-    with DiagSocket() as ds:
+    with Pyroute2Diag() as ds:
         ds.bind()
         for family in (socket.AF_INET, socket.AF_INET6):
             for m in ds.get_sock_stats(family=family, states=DUMP_STATES):
                 out.append(
-                    InetSocket(
+                    DiagSocket(
                         m["idiag_family"],
                         m["idiag_state"],
                         ipaddress.ip_address(m["idiag_src"]),
                         m["idiag_sport"],
+                        m["idiag_cookie"],
+                        m["idiag_uid"],
+                        m["idiag_inode"],
                         m["idiag_state"] == TCP_LISTEN and bool(m.get_attr("INET_DIAG_SKV6ONLY")),
                     )
                 )
@@ -173,9 +178,9 @@ def test_the_raw_dump_reads_what_pyroute2_reads() -> None:
     finally:
         for s in opened:
             s.close()
-    key = lambda s: (s.family, s.state, int(s.local), s.port)  # noqa: E731
+    key = lambda s: (s.family, s.state, int(s.address), s.port)  # noqa: E731
     assert sorted(raw, key=key) == sorted(reference, key=key)
-    listeners = {(s.family, str(s.local), s.port, s.v6only) for s in raw if s.state == TCP_LISTEN}
+    listeners = {(s.family, str(s.address), s.port, s.v6only) for s in raw if s.state == TCP_LISTEN}
     assert listeners == {
         (socket.AF_INET6, "::", dual, False),
         (socket.AF_INET, "127.0.0.1", v4, False),
@@ -184,7 +189,7 @@ def test_the_raw_dump_reads_what_pyroute2_reads() -> None:
     # 5 client sockets + 5 server sides (accepted or not, the handshake is done).
     assert sum(1 for s in raw if s.state == TCP_ESTABLISHED) == 10
     mapped = [s for s in raw if s.port == dual and s.state == TCP_ESTABLISHED]
-    assert {s.local for s in mapped} == {
+    assert {s.address for s in mapped} == {
         ipaddress.ip_address("::1"),
         ipaddress.ip_address("::ffff:127.0.0.1"),
     }

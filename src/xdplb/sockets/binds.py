@@ -18,51 +18,29 @@ that misses it walks the port's sockets (accepted connections included); UDP has
 path, every bind walks the port's sockets. So the mix is flagged, and so is a port whose
 bucket holds many sockets.
 
-Why raw netlink and not pyroute2's ``DiagSocket``: the latter decodes every field of
-every message (about 70 us a socket, measured by the agent, whose counter does the
-same), and a host with a long bucket has by definition many sockets; reading the fixed
-``struct inet_diag_msg`` with :mod:`struct` takes about 4 us.
+The dump is :mod:`xdplb.core.sockdiag`'s (raw netlink: pyroute2 decodes every field, about
+70 us a socket, and a host with a long bucket has by definition many sockets).
 """
 
 from __future__ import annotations
 
 import ctypes
-import errno
 import ipaddress
 import os
 import socket
-import struct
 from collections import defaultdict
 from collections.abc import Iterable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
+from xdplb.core import sockdiag
 from xdplb.core.addresses import IPAddress
 from xdplb.core.errors import XdplbError
+from xdplb.core.sockdiag import TCP_CLOSE, TCP_LISTEN
 
 PROTOCOLS = {"tcp": socket.IPPROTO_TCP, "udp": socket.IPPROTO_UDP}
-#: TCP states as sock_diag numbers them (include/net/tcp_states.h); a UDP socket is
-#: ESTABLISHED when connected, CLOSE when only bound.
-TCP_ESTABLISHED = 1
-TCP_CLOSE = 7
-TCP_LISTEN = 10
-_ALL_STATES = (1 << 12) - 1
 #: A port bucket at least this long is reported (``--long-bucket``).
 LONG_BUCKET = 1000
-
-# <linux/netlink.h>, <linux/sock_diag.h>, <linux/inet_diag.h>
-NETLINK_SOCK_DIAG = 4
-SOCK_DIAG_BY_FAMILY = 20
-NLM_F_REQUEST, NLM_F_DUMP = 0x1, 0x300
-NLMSG_ERROR, NLMSG_DONE = 2, 3
-#: struct nlmsghdr {u32 len; u16 type; u16 flags; u32 seq; u32 pid}
-_NLMSGHDR = struct.Struct("=IHHII")
-#: struct inet_diag_req_v2 {u8 family, protocol, ext, pad; u32 states; sockid (48 bytes)}
-_REQ = struct.Struct("=BBBxI48x")
-#: struct inet_diag_msg: u8 family, state, timer, retrans; be16 sport, dport;
-#: be32 src[4], dst[4]; u32 if; u32 cookie[2]; u32 expires, rqueue, wqueue, uid, inode.
-_MSG = struct.Struct("=BBxx2s2x16s16x4xQ12xII")
-_RECV_BUF = 1 << 18
 
 #: pidfd_getfd(2), x86_64 and every other architecture since 5.6.
 SYS_PIDFD_GETFD = 438
@@ -113,61 +91,21 @@ def host_port(address: IPAddress, port: int) -> str:
 # -- sock_diag --------------------------------------------------------------------------
 
 
-def _align4(n: int) -> int:
-    return (n + 3) & ~3
-
-
-def parse_dump(data: bytes, seq: int, proto: str) -> tuple[list[BoundSocket], bool]:
-    """The sockets in one read of a SOCK_DIAG_BY_FAMILY dump, and whether it is over
-    (NLMSG_DONE). NLMSG_ERROR raises OSError with its errno."""
-    out: list[BoundSocket] = []
-    off = 0
-    while off + _NLMSGHDR.size <= len(data):
-        length, kind, _flags, msg_seq, _pid = _NLMSGHDR.unpack_from(data, off)
-        if length < _NLMSGHDR.size or off + length > len(data):
-            raise OSError(errno.EPROTO, f"sock_diag: truncated netlink message at {off}")
-        body = off + _NLMSGHDR.size
-        if msg_seq != seq:
-            pass  # a late answer to an earlier dump
-        elif kind == NLMSG_DONE:
-            return out, True
-        elif kind == NLMSG_ERROR:
-            (err,) = struct.unpack_from("=i", data, body)
-            raise OSError(-err, f"sock_diag dump: {os.strerror(-err)}")
-        elif kind == SOCK_DIAG_BY_FAMILY and length >= _NLMSGHDR.size + _MSG.size:
-            family, state, sport, src, cookie, uid, inode = _MSG.unpack_from(data, body)
-            raw = src[:4] if family == socket.AF_INET else src
-            out.append(
-                BoundSocket(
-                    proto=proto,
-                    family=family,
-                    state=state,
-                    address=ipaddress.ip_address(raw),
-                    port=int.from_bytes(sport, "big"),
-                    inode=inode,
-                    cookie=cookie,
-                    uid=uid,
-                )
-            )
-        off += _align4(length)
-    return out, False
-
-
 def dump(proto: str, family: int) -> list[BoundSocket]:
     """Every socket of ``proto`` and ``family`` in the calling thread's namespace."""
-    seq = 1
-    req = _REQ.pack(family, PROTOCOLS[proto], 0, _ALL_STATES)
-    head = _NLMSGHDR.pack(
-        _NLMSGHDR.size + len(req), SOCK_DIAG_BY_FAMILY, NLM_F_REQUEST | NLM_F_DUMP, seq, 0
-    )
-    out: list[BoundSocket] = []
-    with socket.socket(socket.AF_NETLINK, socket.SOCK_DGRAM, NETLINK_SOCK_DIAG) as nl:
-        nl.sendto(head + req, (0, 0))
-        while True:
-            got, done = parse_dump(nl.recv(_RECV_BUF), seq, proto)
-            out += got
-            if done:
-                return out
+    return [
+        BoundSocket(
+            proto=proto,
+            family=d.family,
+            state=d.state,
+            address=d.address,
+            port=d.port,
+            inode=d.inode,
+            cookie=d.cookie,
+            uid=d.uid,
+        )
+        for d in sockdiag.dump(family, PROTOCOLS[proto])
+    ]
 
 
 # -- owners and the option ----------------------------------------------------------------
