@@ -178,14 +178,14 @@ def objects_for(c_name: str) -> list[str]:
 
 
 @pytest.mark.parametrize("cls", abi.STRUCTS, ids=struct_ids())
-def test_struct_matches_header(cls: type[abi._Struct], probe_btf: BtfTypes) -> None:
+def test_struct_matches_header(cls: type[abi.AbiStruct], probe_btf: BtfTypes) -> None:
     t = find(probe_btf, ("STRUCT",), cls.c_name)
     assert t is not None, f"struct {cls.c_name} is not in xdplb_abi.h"
     assert layout_of_ctypes(cls) == layout_of_btf(probe_btf, t)
 
 
 @pytest.mark.parametrize("cls", abi.STRUCTS, ids=struct_ids())
-def test_struct_matches_object(cls: type[abi._Struct]) -> None:
+def test_struct_matches_object(cls: type[abi.AbiStruct]) -> None:
     for obj in objects_for(cls.c_name):
         types = object_btf(obj)
         t = find(types, ("STRUCT",), cls.c_name)

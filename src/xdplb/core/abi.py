@@ -168,8 +168,9 @@ class HcEvent(enum.IntEnum):
     DROP_TOO_BIG = enum.auto()
 
 
-class _Struct(ctypes.Structure):
-    """Base: byte conversion and a C name for the BTF check."""
+class AbiStruct(ctypes.Structure):
+    """A mirror of a C struct of an ABI header (its C name ``c_name``, for the BTF
+    checks): byte conversion."""
 
     c_name: ClassVar[str]
 
@@ -177,7 +178,7 @@ class _Struct(ctypes.Structure):
         return bytes(self)
 
     @classmethod
-    def unpack(cls, data: bytes) -> _Struct:
+    def unpack(cls, data: bytes) -> AbiStruct:
         return cls.from_buffer_copy(data[: ctypes.sizeof(cls)])
 
 
@@ -199,7 +200,7 @@ def family_of(addr: IPAddress) -> Family:
     return Family.V4 if addr.version == 4 else Family.V6
 
 
-class VipKey(_Struct):
+class VipKey(AbiStruct):
     c_name = "xdplb_vip_key"
     _fields_ = [
         ("addr", ctypes.c_uint32 * 4),
@@ -213,7 +214,7 @@ class VipKey(_Struct):
         return cls(addr_words(addr), socket.htons(port), proto, family_of(addr))
 
 
-class VipInfo(_Struct):
+class VipInfo(AbiStruct):
     c_name = "xdplb_vip_info"
     _fields_ = [
         ("vip_id", ctypes.c_uint32),
@@ -225,14 +226,14 @@ class VipInfo(_Struct):
     ]
 
 
-class VipSlot(_Struct):
+class VipSlot(AbiStruct):
     """One slot of ``lb_vip_index``'s table: a VIP key (family 0: empty) and its value."""
 
     c_name = "xdplb_vip_slot"
     _fields_ = [("key", VipKey), ("info", VipInfo)]
 
 
-class Backend(_Struct):
+class Backend(AbiStruct):
     c_name = "xdplb_backend"
     _fields_ = [
         ("addr", ctypes.c_uint32 * 4),
@@ -247,7 +248,7 @@ class Backend(_Struct):
         return cls(addr_words(addr), family_of(addr), flags, gen)
 
 
-class FlowKey(_Struct):
+class FlowKey(AbiStruct):
     c_name = "xdplb_flow_key"
     _fields_ = [
         ("src", ctypes.c_uint32 * 4),
@@ -265,7 +266,7 @@ class FlowKey(_Struct):
         )
 
 
-class ConnMeta(_Struct):
+class ConnMeta(AbiStruct):
     """A session-table set's first cache line (``struct xdplb_conn_meta``)."""
 
     c_name = "xdplb_conn_meta"
@@ -280,7 +281,7 @@ class ConnMeta(_Struct):
     ]
 
 
-class ConnEntry(_Struct):
+class ConnEntry(AbiStruct):
     """One way of a session-table set (``struct xdplb_conn_entry``): the flow (ports in
     network order, as in the flow key) and where it goes."""
 
@@ -299,14 +300,14 @@ class ConnEntry(_Struct):
     ]
 
 
-class ConnSet(_Struct):
+class ConnSet(AbiStruct):
     """One set of the session table (``lb_conns`` value)."""
 
     c_name = "xdplb_conn_set"
     _fields_ = [("meta", ConnMeta), ("way", ConnEntry * CONN_WAYS)]
 
 
-class Session(_Struct):
+class Session(AbiStruct):
     """A session as one record (``struct xdplb_session``): what the export ring carries
     and an import takes."""
 
@@ -320,7 +321,7 @@ class Session(_Struct):
     ]
 
 
-class ExportRec(_Struct):
+class ExportRec(AbiStruct):
     """One ``lb_sess_export`` record: a session lb_xdp recorded or moved on."""
 
     c_name = "xdplb_export_rec"
@@ -333,12 +334,12 @@ class ExportRec(_Struct):
     ]
 
 
-class Bucket(_Struct):
+class Bucket(AbiStruct):
     c_name = "xdplb_bucket"
     _fields_ = [("hop", ctypes.c_uint32 * MAX_HOPS)]
 
 
-class Config(_Struct):
+class Config(AbiStruct):
     c_name = "xdplb_config"
     _fields_ = [
         ("src4", ctypes.c_uint32),
@@ -362,7 +363,7 @@ class Config(_Struct):
     ]
 
 
-class Stats(_Struct):
+class Stats(AbiStruct):
     c_name = "xdplb_stats"
     _fields_ = [
         ("packets", ctypes.c_uint64),
@@ -371,12 +372,12 @@ class Stats(_Struct):
     ]
 
 
-class HostConfig(_Struct):
+class HostConfig(AbiStruct):
     c_name = "xdplb_host_config"
     _fields_ = [("gue_port", ctypes.c_uint16), ("pad", ctypes.c_uint16)]
 
 
-class Addr(_Struct):
+class Addr(AbiStruct):
     """Key of lb_vip_addrs and host_addrs."""
 
     c_name = "xdplb_addr"
@@ -391,7 +392,7 @@ class Addr(_Struct):
         return cls(addr_words(addr), family_of(addr))
 
 
-class HcTarget(_Struct):
+class HcTarget(AbiStruct):
     """Value of hc_targets (the key is the socket mark, a ``__u32``)."""
 
     c_name = "xdplb_hc_target"
@@ -416,7 +417,7 @@ VIP_ADDR_F_ECHO = 1 << 2
 MAX_EXTHDRS = 4
 
 
-class VipAddrInfo(_Struct):
+class VipAddrInfo(AbiStruct):
     """Value of lb_vip_addrs: the VIP count, fragments' VIP ports, echo."""
 
     c_name = "xdplb_vip_addr_info"
@@ -453,7 +454,7 @@ ACL_HITS = (MAX_VIPS + 1) * len(AclList)
 ACL_GLOBAL_SLOT = 0  # a VIP's slot is its id + 1
 
 
-class AclKey4(_Struct):
+class AclKey4(AbiStruct):
     """``lb_acl4`` key; ``prefixlen`` counts the 32 bits of ``scope`` too."""
 
     c_name = "xdplb_acl_key4"
@@ -464,7 +465,7 @@ class AclKey4(_Struct):
     ]
 
 
-class AclKey6(_Struct):
+class AclKey6(AbiStruct):
     c_name = "xdplb_acl_key6"
     _fields_ = [
         ("prefixlen", ctypes.c_uint32),
@@ -473,12 +474,12 @@ class AclKey6(_Struct):
     ]
 
 
-class AclRule(_Struct):
+class AclRule(AbiStruct):
     c_name = "xdplb_acl_rule"
     _fields_ = [("action", ctypes.c_uint8), ("pad", ctypes.c_uint8 * 3)]
 
 
-class Rate(_Struct):
+class Rate(AbiStruct):
     """``lb_rate`` value: a source prefix's token bucket (key: ``Addr``, masked)."""
 
     c_name = "xdplb_rate"
@@ -511,7 +512,7 @@ class CapDecision(enum.IntEnum):
     ICMP_ERROR = enum.auto()
 
 
-class CaptureConfig(_Struct):
+class CaptureConfig(AbiStruct):
     """``lb_cap_cfg[0]``: ``expires_ns`` (CLOCK_MONOTONIC) 0 is off."""
 
     c_name = "xdplb_capture_config"
@@ -527,7 +528,7 @@ class CaptureConfig(_Struct):
     ]
 
 
-class CaptureState(_Struct):
+class CaptureState(AbiStruct):
     """``lb_cap_state`` (per CPU): the sampler, and what it could not record."""
 
     c_name = "xdplb_capture_state"
@@ -541,7 +542,7 @@ class CaptureState(_Struct):
     ]
 
 
-class CaptureRec(_Struct):
+class CaptureRec(AbiStruct):
     """One ``lb_capture`` ring-buffer record; ``data[:cap_len]`` is the frame's start."""
 
     c_name = "xdplb_capture_rec"
@@ -564,7 +565,7 @@ class CaptureRec(_Struct):
     ]
 
 
-STRUCTS: tuple[type[_Struct], ...] = (
+STRUCTS: tuple[type[AbiStruct], ...] = (
     VipKey,
     VipInfo,
     VipSlot,

@@ -49,9 +49,10 @@ import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, ClassVar, Literal
+from typing import Any, Literal
 
 from xdplb.core import paths
+from xdplb.core.abi import AbiStruct
 from xdplb.core.closing import Closing
 from xdplb.core.errors import XdplbError
 from xdplb.datapath.links import attach_reuseport
@@ -108,12 +109,6 @@ class ReuseportEvent(enum.IntEnum):
     SELECT_FAILED = enum.auto()
     MIGRATE_FAILED = enum.auto()
     NO_HEADER = enum.auto()
-
-
-class AbiStruct(ctypes.Structure):
-    """A mirror of a struct of reuseport_abi.h: ``c_name`` is the C struct's name."""
-
-    c_name: ClassVar[str]
 
 
 class SlotValue(AbiStruct):
