@@ -267,6 +267,68 @@ def test_a_closed_target_stops_steering(netns: str, server: subprocess.Popen[str
     assert isinstance(events, dict) and events["no_socket"] >= 1
 
 
+def test_the_agent_follows_a_restarted_server(netns: str) -> None:
+    """With ``--steer-instance``, the host agent puts a restarted server's new socket
+    under the rules its old one had (the kernel emptied the slot when the old closed):
+    steering resumes by itself, answered by the new process."""
+    netns_mod.run(netns, ["ip", "route", "add", "local", "198.51.100.0/23", "dev", "lo"])
+
+    def start() -> subprocess.Popen[str]:
+        proc = netns_mod.popen(
+            netns, [sys.executable, "-c", SERVER], stdout=subprocess.PIPE, text=True
+        )
+        assert proc.stdout is not None and proc.stdout.readline().strip() == "ready"
+        return proc
+
+    first = start()
+    agent = None
+    second = None
+    try:
+        add(netns)
+        assert tcp_ask(netns, "198.51.100.7", 22) == b"198.51.100.7:22 hello-22"
+        agent = netns_mod.popen(
+            netns,
+            [
+                sys.executable,
+                "-m",
+                "xdplb.agent",
+                "--name",
+                "b1",
+                "--to",
+                "127.0.0.1:9",
+                "--interval",
+                "0.2",
+                "--steer-instance",
+                netns,
+            ],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        first.kill()
+        first.wait()
+        second = start()  # binds 127.0.0.1:8080 again: a new socket, not in the sockmap
+
+        def answered() -> bytes | None:
+            try:
+                return tcp_ask(netns, "198.51.100.7", 22)
+            except ConnectionRefusedError:
+                return None
+
+        assert wait_for(answered, "steering back on the new server") == (
+            b"198.51.100.7:22 hello-22"
+        )
+        assert agent.poll() is None
+    finally:
+        for proc in (agent, first, second):
+            if proc is not None:
+                proc.kill()
+                proc.wait()
+        sk_lookup.detach(netns)
+    assert agent.stderr is not None
+    assert "127.0.0.1:8080/tcp is back" in agent.stderr.read()
+
+
 def test_usage_errors(netns: str, server: subprocess.Popen[str]) -> None:
     for args, message in [
         (["--prefix", "198.51.100.7/24"], "invalid --prefix"),

@@ -174,7 +174,7 @@ def test_socket_owners_reads_a_proc_tree(tmp_path: Path) -> None:
         (tmp_path / pid / "fd").mkdir(parents=True, exist_ok=True)
         os.symlink(target, tmp_path / pid / "fd" / fd)
     (tmp_path / "self").mkdir()
-    assert binds.socket_owners({900, 901, 902}, proc=tmp_path) == {900: (41, 3), 901: (42, 7)}
+    assert sockdiag.socket_owners({900, 901, 902}, proc=tmp_path) == {900: (41, 3), 901: (42, 7)}
 
 
 @pytest.mark.parametrize(

@@ -58,6 +58,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         default="host",
         help="host_tc instance whose counters to report, when pinned (default: host)",
     )
+    parser.add_argument(
+        "--steer-instance",
+        default=None,
+        help="keep this instance's sk_lookup steering (xdplb host steer) on live sockets: "
+        "a restarted server's new socket takes its rules (default: not followed)",
+    )
     parser.add_argument("-v", "--verbose", action="store_true")
     args = parser.parse_args(argv)
     logging.basicConfig(
@@ -76,7 +82,14 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     previous = {s: signal.signal(s, on_signal) for s in (signal.SIGTERM, signal.SIGINT)}
     try:
-        sent = run_agent(args.name, target, args.interval, stop, host_instance=args.host_instance)
+        sent = run_agent(
+            args.name,
+            target,
+            args.interval,
+            stop,
+            host_instance=args.host_instance,
+            steer_instance=args.steer_instance,
+        )
     except ValueError as e:
         print(f"xdplb.agent: {e}", file=sys.stderr)
         return EXIT_USAGE if str(e).startswith(("backend:", "interval:")) else EXIT_RUNTIME

@@ -8,6 +8,10 @@ At the end of each interval, besides the rates of :mod:`~xdplb.agent.sampling`:
   only the backend sees connections end;
 - chain: host_tc's event counters (second-hop forwards and the rest), when host_tc is
   pinned on this host under ``--host-instance``.
+
+And, besides the report: sk_lookup steering of ``--steer-instance`` (``xdplb host steer``)
+kept on live sockets: a rule whose server restarted points again at the socket the new
+process bound where the old one was (:func:`follow_steering`).
 """
 
 from __future__ import annotations
@@ -35,6 +39,7 @@ from xdplb.agent.wire import (
 )
 from xdplb.core import paths
 from xdplb.core.errors import XdplbError
+from xdplb.core.sockdiag import bound_socket
 
 log = logging.getLogger("xdplb.agent")  # the agent's one logger, whichever module logs
 
@@ -67,6 +72,41 @@ def largest(conns: Mapping[K, int], limit: int = MAX_CONNS) -> tuple[dict[K, int
         return (-kv[1], *kind, *conn_order(((addr, port), kv[1])))
 
     return dict(sorted(conns.items(), key=order)[:limit]), True
+
+
+def follow_steering(instance: str) -> list[str]:
+    """Put back the sockets of ``instance``'s steering rules whose socket closed (a server
+    restarted); returns the targets put back. Nothing when no steering is pinned."""
+    from xdplb.datapath import sk_lookup  # libbpf only where steering runs
+
+    if not sk_lookup.attached(instance):
+        return []
+    protocols = {"tcp": socket.IPPROTO_TCP, "udp": socket.IPPROTO_UDP}
+    seated = sk_lookup.follow(
+        instance, lambda t: bound_socket(t.address, t.port, protocols[t.proto])
+    )
+    return [str(t) for t in seated]
+
+
+class _Steering:
+    """follow_steering every interval, its failures logged once."""
+
+    def __init__(self, instance: str | None) -> None:
+        self._instance = instance
+        self._failing = False
+
+    def follow(self) -> None:
+        if self._instance is None:
+            return
+        try:
+            for target in follow_steering(self._instance):
+                log.info("steering of %r: %s is back", self._instance, target)
+        except (OSError, XdplbError) as e:
+            if not self._failing:
+                log.warning("steering of %r not followed: %s", self._instance, e)
+            self._failing = True
+            return
+        self._failing = False
 
 
 class _Measure:
@@ -118,12 +158,14 @@ def run_agent(
     seq_start: int | None = None,
     count_conns: Callable[[], ServerConns] | None = None,
     host_instance: str | None = None,
+    steer_instance: str | None = None,
 ) -> int:
     """Report to ``target`` every ``interval`` seconds until ``stop`` is set.
 
     ``count_conns``: the server-side connections now; by default sock_diag in the calling
     thread's network namespace. ``host_instance``: whose pinned host_tc counters to add
-    (None: none).
+    (None: none). ``steer_instance``: whose sk_lookup steering to keep on live sockets
+    (:func:`follow_steering`, every interval; None: none).
 
     Returns the number of reports sent. A failed send (no route yet, say) is logged and
     the next interval tries again; a /proc file that cannot be read or parsed raises, and
@@ -142,6 +184,7 @@ def run_agent(
         if count_conns is None:
             count_conns = stack.enter_context(ConnectionCounter()).count
         measure = _Measure(count_conns, host_instance)
+        steering = _Steering(steer_instance)
         sock = stack.enter_context(socket.socket(family, socket.SOCK_DGRAM))
         # A fixed schedule, not sleep(interval) after the work: reports do not drift.
         due = time.monotonic() + interval
@@ -149,6 +192,7 @@ def run_agent(
             due += interval
             if due < time.monotonic():  # fell behind (suspended?): skip, do not burst
                 due = time.monotonic() + interval
+            steering.follow()
             measured = sampler.feed(take_sample(proc_stat=proc_stat, proc_snmp=proc_snmp))
             if measured is None:
                 continue

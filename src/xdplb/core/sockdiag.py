@@ -1,5 +1,6 @@
 """A network namespace's TCP and UDP sockets from sock_diag (NETLINK_SOCK_DIAG, what
-``ss`` uses), for the agent's connection counts and the host's bind checks.
+``ss`` uses), for the agent's connection counts and the host's bind checks; and the
+socket bound at an address, taken from the process that holds it (for steering).
 
 Why raw netlink and not pyroute2's ``DiagSocket``: it gives the same sockets (a test
 compares the two), but pyroute2 0.9 turns its asyncio loop once per message and decodes
@@ -11,14 +12,18 @@ a port (listeners, unconnected UDP).
 
 from __future__ import annotations
 
+import ctypes
 import ipaddress
 import os
 import socket
 import struct
+from collections.abc import Iterable
 from dataclasses import dataclass
+from pathlib import Path
 
 from xdplb.core.addresses import IPAddress
 from xdplb.core.closing import Closing
+from xdplb.core.errors import XdplbError
 
 #: TCP states as sock_diag numbers them (include/net/tcp_states.h); a UDP socket is
 #: ESTABLISHED when connected, CLOSE when only bound.
@@ -152,3 +157,89 @@ def dump(family: int, protocol: int, states: int = ALL_STATES) -> list[DiagSocke
     """One dump with a sock_diag socket of its own (the calling thread's namespace)."""
     with SockDiag() as diag:
         return diag.dump(family, protocol, states)
+
+
+# -- the process that holds a socket -----------------------------------------------------
+
+#: pidfd_getfd(2), x86_64 and every other architecture since 5.6.
+SYS_PIDFD_GETFD = 438
+_libc = ctypes.CDLL(None, use_errno=True)
+_libc.syscall.restype = ctypes.c_long
+
+
+def socket_owners(inodes: Iterable[int], proc: Path = Path("/proc")) -> dict[int, tuple[int, int]]:
+    """(pid, fd) of a process holding each socket inode of ``inodes`` that one holds."""
+    wanted = {f"socket:[{i}]": i for i in inodes}
+    found: dict[int, tuple[int, int]] = {}
+    for pid_dir in proc.iterdir():
+        if not pid_dir.name.isdigit():
+            continue
+        try:
+            fds = os.listdir(pid_dir / "fd")
+        except OSError:  # gone, or not ours to see
+            continue
+        for fd in fds:
+            try:
+                target = os.readlink(pid_dir / "fd" / fd)
+            except OSError:
+                continue
+            inode = wanted.get(target)
+            if inode is not None and inode not in found:
+                found[inode] = (int(pid_dir.name), int(fd))
+        if len(found) == len(wanted):
+            break
+    return found
+
+
+def pidfd_getfd(pid: int, fd: int) -> int:
+    """A close-on-exec copy, in this process, of descriptor ``fd`` of process ``pid``
+    (CAP_SYS_PTRACE over it: root)."""
+    pidfd = os.pidfd_open(pid)
+    try:
+        ret = _libc.syscall(SYS_PIDFD_GETFD, pidfd, fd, 0)
+        if ret < 0:
+            err = ctypes.get_errno()
+            raise OSError(err, f"pidfd_getfd(pid {pid}, fd {fd}): {os.strerror(err)}")
+        return int(ret)
+    finally:
+        os.close(pidfd)
+
+
+def take_socket(pid: int, fd: int) -> socket.socket:
+    """Descriptor ``fd`` of process ``pid`` as a socket object of this process (a copy:
+    closing it leaves the owner's alone)."""
+    return socket.socket(fileno=pidfd_getfd(pid, fd))
+
+
+class NoSuchSocket(XdplbError):
+    """No socket, or none that can be taken, is bound where asked."""
+
+
+def bound_socket(address: IPAddress, port: int, protocol: int) -> socket.socket:
+    """A copy of the socket bound at ``address``:``port`` (a TCP listener, an unconnected
+    UDP socket; ``protocol`` IPPROTO_TCP or IPPROTO_UDP) in the calling thread's
+    namespace. Of a reuseport group, any member: the kernel picks within the group after
+    a steering program assigned one."""
+    listening = TCP_LISTEN if protocol == socket.IPPROTO_TCP else TCP_CLOSE
+    bound = [
+        s
+        for family in (socket.AF_INET, socket.AF_INET6)
+        for s in dump(family, protocol, 1 << listening)
+        if s.port == port and s.address == address
+    ]
+    name = "tcp" if protocol == socket.IPPROTO_TCP else "udp"
+    host = f"[{address}]" if address.version == 6 else str(address)
+    where = f"{host}:{port}/{name}"
+    if not bound:
+        raise NoSuchSocket(f"no {name} socket is bound at {where}")
+    owners = socket_owners(s.inode for s in bound)
+    errors = []
+    for s in bound:
+        if (owner := owners.get(s.inode)) is None:
+            continue
+        try:
+            return take_socket(*owner)
+        except OSError as e:
+            errors.append(str(e))
+    detail = "; ".join(errors) or "no process we can see holds it"
+    raise NoSuchSocket(f"the socket at {where} cannot be taken: {detail}")

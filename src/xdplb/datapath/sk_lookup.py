@@ -26,7 +26,7 @@ import os
 import shutil
 import socket
 import struct
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -270,12 +270,46 @@ class SkLookup(Closing):
             if slot not in used and socks.lookup(key) is not None:
                 socks.delete(key)
 
+    def follow(self, find: Callable[[Endpoint], socket.socket]) -> list[Endpoint]:
+        """:func:`follow` on this instance's maps."""
+        return _follow(self.maps["skl_rules"], self.maps["skl_socks"], find)
+
     def events(self) -> dict[SkLookupEvent, int]:
         """The counters, summed over CPUs."""
         return events_of(self.maps["skl_events"])
 
     def close(self) -> None:
         self.obj.close()
+
+
+def _follow(rules: Map, socks: Map, find: Callable[[Endpoint], socket.socket]) -> list[Endpoint]:
+    targets = {}
+    for _, value in rules.items():
+        slot, target = unpack_target(value)
+        targets[slot] = target
+    seated = []
+    for slot, target in sorted(targets.items()):
+        key = struct.pack("<I", slot)
+        if socks.lookup(key) is not None:
+            continue
+        try:
+            with find(target) as sock:
+                socks.update(key, struct.pack("<Q", sock.fileno()))
+        except (XdplbError, OSError):
+            continue  # not bound (yet): the program counts NO_SOCKET meanwhile
+        seated.append(target)
+    return seated
+
+
+def follow(instance: str, find: Callable[[Endpoint], socket.socket]) -> list[Endpoint]:
+    """Put back the socket of every rule whose socket closed (the kernel empties its
+    sockmap slot when the socket goes): a restarted server binds a new one where the old
+    was, and ``find`` takes it (e.g. :func:`xdplb.core.sockdiag.bound_socket`). Works on
+    the pinned maps, loading nothing; returns the targets put back. A target not bound
+    now stays empty."""
+    d = pin_dir(instance)
+    with Map.from_pinned(d / "skl_rules") as rules, Map.from_pinned(d / "skl_socks") as socks:
+        return _follow(rules, socks, find)
 
 
 def events_of(events: Map) -> dict[SkLookupEvent, int]:

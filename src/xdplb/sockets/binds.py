@@ -24,28 +24,19 @@ The dump is :mod:`xdplb.core.sockdiag`'s (raw netlink: pyroute2 decodes every fi
 
 from __future__ import annotations
 
-import ctypes
 import ipaddress
-import os
 import socket
 from collections import defaultdict
 from collections.abc import Iterable
 from dataclasses import dataclass, field, replace
-from pathlib import Path
 
 from xdplb.core import sockdiag
 from xdplb.core.addresses import IPAddress
-from xdplb.core.errors import XdplbError
-from xdplb.core.sockdiag import TCP_CLOSE, TCP_LISTEN
+from xdplb.core.sockdiag import TCP_CLOSE, TCP_LISTEN, socket_owners, take_socket
 
 PROTOCOLS = {"tcp": socket.IPPROTO_TCP, "udp": socket.IPPROTO_UDP}
 #: A port bucket at least this long is reported (``--long-bucket``).
 LONG_BUCKET = 1000
-
-#: pidfd_getfd(2), x86_64 and every other architecture since 5.6.
-SYS_PIDFD_GETFD = 438
-_libc = ctypes.CDLL(None, use_errno=True)
-_libc.syscall.restype = ctypes.c_long
 
 
 @dataclass(frozen=True, slots=True)
@@ -111,49 +102,6 @@ def dump(proto: str, family: int) -> list[BoundSocket]:
 # -- owners and the option ----------------------------------------------------------------
 
 
-def socket_owners(inodes: Iterable[int], proc: Path = Path("/proc")) -> dict[int, tuple[int, int]]:
-    """(pid, fd) of a process holding each socket inode of ``inodes`` that one holds."""
-    wanted = {f"socket:[{i}]": i for i in inodes}
-    found: dict[int, tuple[int, int]] = {}
-    for pid_dir in proc.iterdir():
-        if not pid_dir.name.isdigit():
-            continue
-        try:
-            fds = os.listdir(pid_dir / "fd")
-        except OSError:  # gone, or not ours to see
-            continue
-        for fd in fds:
-            try:
-                target = os.readlink(pid_dir / "fd" / fd)
-            except OSError:
-                continue
-            inode = wanted.get(target)
-            if inode is not None and inode not in found:
-                found[inode] = (int(pid_dir.name), int(fd))
-        if len(found) == len(wanted):
-            break
-    return found
-
-
-def pidfd_getfd(pid: int, fd: int) -> int:
-    """A close-on-exec copy, in this process, of descriptor ``fd`` of process ``pid``."""
-    pidfd = os.pidfd_open(pid)
-    try:
-        ret = _libc.syscall(SYS_PIDFD_GETFD, pidfd, fd, 0)
-        if ret < 0:
-            err = ctypes.get_errno()
-            raise OSError(err, f"pidfd_getfd(pid {pid}, fd {fd}): {os.strerror(err)}")
-        return int(ret)
-    finally:
-        os.close(pidfd)
-
-
-def take_socket(pid: int, fd: int) -> socket.socket:
-    """Descriptor ``fd`` of process ``pid`` as a socket object of this process (a copy:
-    closing it leaves the owner's alone)."""
-    return socket.socket(fileno=pidfd_getfd(pid, fd))
-
-
 def read_reuseport(pid: int, fd: int) -> bool | None:
     """SO_REUSEPORT of descriptor ``fd`` of ``pid``; None if it cannot be read."""
     try:
@@ -180,10 +128,6 @@ def scan() -> list[BoundSocket]:
 # -- finding a socket by where it listens --------------------------------------------------
 
 
-class NoSuchSocket(XdplbError):
-    """No socket, or none that can be taken, is bound where asked."""
-
-
 def parse_endpoint(text: str, default_proto: str = "tcp") -> tuple[IPAddress, int, str]:
     """``127.0.0.1:8080/tcp``, ``[::1]:53/udp``, ``127.0.0.1:8080`` (``default_proto``)."""
     where, _, proto = text.partition("/")
@@ -197,29 +141,9 @@ def parse_endpoint(text: str, default_proto: str = "tcp") -> tuple[IPAddress, in
 
 
 def find_socket(address: IPAddress, port: int, proto: str) -> socket.socket:
-    """A copy of the socket bound at ``address``:``port`` for ``proto`` (a TCP listener,
-    an unconnected UDP socket) in the calling thread's namespace. Of a reuseport group,
-    any member: the kernel picks within the group after a steering program assigned one."""
-    bound = [
-        s
-        for f in (socket.AF_INET, socket.AF_INET6)
-        for s in dump(proto, f)
-        if s.is_bind and s.port == port and s.address == address
-    ]
-    where = f"{host_port(address, port)}/{proto}"
-    if not bound:
-        raise NoSuchSocket(f"no {proto} socket is bound at {where}")
-    owners = socket_owners(s.inode for s in bound)
-    errors = []
-    for s in bound:
-        if (owner := owners.get(s.inode)) is None:
-            continue
-        try:
-            return take_socket(*owner)
-        except OSError as e:
-            errors.append(str(e))
-    detail = "; ".join(errors) or "no process we can see holds it"
-    raise NoSuchSocket(f"the socket at {where} cannot be taken: {detail}")
+    """A copy of the socket bound at ``address``:``port`` for ``proto`` ("tcp", "udp"):
+    :func:`xdplb.core.sockdiag.bound_socket`."""
+    return sockdiag.bound_socket(address, port, PROTOCOLS[proto])
 
 
 # -- the check ---------------------------------------------------------------------------
