@@ -15,7 +15,10 @@ them as load reports.
 - :mod:`~xdplb.agent.run`: the agent's loop and its end-of-interval measurements;
 - ``python -m xdplb.agent``: the command line (:mod:`xdplb.agent.__main__`).
 
+With ``--steer-instance`` it also keeps ``xdplb host steer``'s sk_lookup rules on live
+sockets: a restarted server's new socket takes the rules of its old one.
+
 May import: core, datapath.
-The datapath only lazily, where host_tc's pins are read: libbpf is needed only on hosts
-that run host_tc.
+The datapath only lazily, where host_tc's pins are read or steering is followed: libbpf
+is needed only on hosts that run them.
 """
