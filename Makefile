@@ -30,7 +30,7 @@ DESTDIR    ?=
 SYSCONFDIR ?= /etc
 INSTALL_ENV = DESTDIR='$(DESTDIR)' PREFIX='$(PREFIX)' SYSCONFDIR='$(SYSCONFDIR)' BUILD_PY='$(PY)'
 
-.PHONY: all deps build test test-unit test-bpf test-e2e fuzz demo bench bench-hooks bench-sync soak lint clean \
+.PHONY: all deps build test test-unit test-bpf test-e2e fuzz demo bench bench-hooks bench-sync bench-sockets soak lint clean \
         install uninstall deb
 
 all: build
@@ -126,6 +126,12 @@ bench-hooks: build
 # the export ring's read and the lag from a new flow on one node to the other (docs/sync.md).
 bench-sync: build
 	$(PY) bench/sync_bench.py --out bench/sync_results.json
+
+# The socket tier (docs/benchmarks.md): UDP through one SO_REUSEPORT group of 4 sockets,
+# with and without the generations program, against one socket. Socket-level balancing's
+# rows are a mode of bench-hooks (the same lab, the same run as nftables and the XDP tier).
+bench-sockets: build
+	$(PY) bench/reuseport_bench.py --out bench/reuseport_results.json
 
 # Not part of `make test`: the lab under load and churn for SOAK_SECONDS (docs/operations.md).
 SOAK_SECONDS ?= 600

@@ -30,6 +30,7 @@ import sys
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from pathlib import Path
 from typing import Any
 
 from xdplb.lab import netns
@@ -154,6 +155,7 @@ def main() -> None:
     ap.add_argument("--seconds", type=float, default=4.0, help="measured time per mode")
     ap.add_argument("--senders", type=int, default=2, help="sender processes")
     ap.add_argument("--flows", type=int, default=64, help="client sockets per sender")
+    ap.add_argument("--out", type=Path, default=None, help="also write the JSON here")
     args = ap.parse_args()
     if os.geteuid() != 0:
         sys.exit("reuseport_bench: run as root (network namespace, BPF)")
@@ -186,28 +188,29 @@ def main() -> None:
             group.destroy()
 
     one_rate = results["one_socket"]["received_per_s"] or 1
-    print(
-        json.dumps(
-            {
-                "bench": "reuseport",
-                "cpu": cpu_model(),
-                "cpus": os.cpu_count(),
-                "kernel": platform.release(),
-                "seconds_per_mode": args.seconds,
-                "senders": args.senders,
-                "flows": args.senders * args.flows,
-                "payload_bytes": len(PAYLOAD),
-                "modes": results,
-                "ratio_reuseport_4_over_one": round(
-                    results["reuseport_4"]["received_per_s"] / one_rate, 2
-                ),
-                "ratio_generations_4_over_one": round(
-                    results["generations_4"]["received_per_s"] / one_rate, 2
-                ),
-            },
-            indent=2,
-        )
+    text = json.dumps(
+        {
+            "bench": "reuseport",
+            "cpu": cpu_model(),
+            "cpus": os.cpu_count(),
+            "kernel": platform.release(),
+            "seconds_per_mode": args.seconds,
+            "senders": args.senders,
+            "flows": args.senders * args.flows,
+            "payload_bytes": len(PAYLOAD),
+            "modes": results,
+            "ratio_reuseport_4_over_one": round(
+                results["reuseport_4"]["received_per_s"] / one_rate, 2
+            ),
+            "ratio_generations_4_over_one": round(
+                results["generations_4"]["received_per_s"] / one_rate, 2
+            ),
+        },
+        indent=2,
     )
+    print(text)
+    if args.out is not None:
+        args.out.write_text(text + "\n")
 
 
 if __name__ == "__main__":
