@@ -42,10 +42,12 @@ from pathlib import Path
 from typing import Any
 
 from xdplb.datapath import sock_lb
-from xdplb.datapath.sock_lb import Backend, Endpoint, Service, SockLb
+from xdplb.datapath.sock_lb import Endpoint, SockLb
 from xdplb.lab import netns
 from xdplb.lab.registry import cleanup_stale, new_prefix
 from xdplb.lab.wait import wait_for
+from xdplb.sockets import socklb_plan
+from xdplb.sockets.socklb_plan import Backend, Service
 
 CGROUP2 = Path("/sys/fs/cgroup/unified")
 VIP = "10.96.0.10"
@@ -188,7 +190,7 @@ def mode(name: str, client: str, cg: Path, workdir: Path) -> Iterator[str]:
         with SockLb(instance) as lb:
             try:
                 lb.attach(cg)
-                lb.apply([service()])
+                socklb_plan.apply(lb, [service()])
                 yield VIP
             finally:
                 sock_lb.detach(instance)

@@ -28,9 +28,10 @@ from typing import Any
 import pytest
 
 from xdplb.datapath import sock_lb
-from xdplb.datapath.sock_lb import Backend, Endpoint, Service, SockLb, SockLbEvent
+from xdplb.datapath.sock_lb import Endpoint, SockLb, SockLbEvent
 from xdplb.lab import netns as netns_mod
 from xdplb.lab.wait import wait_for
+from xdplb.sockets.socklb_plan import Backend, Service, apply
 
 pytestmark = pytest.mark.e2e
 
@@ -281,7 +282,7 @@ def expected_shares() -> dict[str, float]:
 def test_tcp_and_udp_reach_every_backend_by_weight(
     netns: str, servers: Servers, lb: SockLb, cgroup: Path
 ) -> None:
-    lb.apply(services())
+    apply(lb, services())
     tcp = client(netns, cgroup, "tcp", addr=str(SVC4), port=TCP_PORT, n=FLOWS)
     udp = client(netns, cgroup, "udp", addr=str(SVC4), port=UDP_PORT, n=FLOWS)
 
@@ -301,7 +302,7 @@ def test_tcp_and_udp_reach_every_backend_by_weight(
 
 
 def test_ipv6_service(netns: str, servers: Servers, lb: SockLb, cgroup: Path) -> None:
-    lb.apply(services())
+    apply(lb, services())
     tcp = client(netns, cgroup, "tcp", addr=str(SVC6), port=TCP_PORT, n=100)
     udp = client(netns, cgroup, "udp", addr=str(SVC6), port=UDP_PORT, n=100)
     assert set(tcp["names"]) == set(udp["names"]) == set(BACKENDS6)
@@ -312,7 +313,7 @@ def test_ipv6_service(netns: str, servers: Servers, lb: SockLb, cgroup: Path) ->
 def test_bind_to_a_service_address_is_refused(
     netns: str, servers: Servers, lb: SockLb, cgroup: Path
 ) -> None:
-    lb.apply(services())
+    apply(lb, services())
     for addr, proto, port in (
         (SVC4, "tcp", TCP_PORT),
         (SVC4, "udp", UDP_PORT),
@@ -328,7 +329,7 @@ def test_bind_to_a_service_address_is_refused(
 def test_processes_outside_the_cgroup_are_not_rewritten(
     netns: str, servers: Servers, lb: SockLb, cgroup: Path
 ) -> None:
-    lb.apply(services())
+    apply(lb, services())
     got = client(netns, None, "tcp", addr=str(SVC4), port=TCP_PORT, n=5)
     # Nothing listens on the service address itself.
     assert got == {"names": {}, "peers": {}, "errors": {"ECONNREFUSED": 5}}
@@ -338,14 +339,14 @@ def test_processes_outside_the_cgroup_are_not_rewritten(
 def test_affinity_keeps_a_client_on_one_backend_while_on(
     netns: str, servers: Servers, lb: SockLb, cgroup: Path
 ) -> None:
-    lb.apply(services(affinity_s=60))
+    apply(lb, services(affinity_s=60))
     tcp = client(netns, cgroup, "tcp", addr=str(SVC4), port=TCP_PORT, n=100)
     udp = client(netns, cgroup, "udp", addr=str(SVC4), port=UDP_PORT, n=100)
     assert len(tcp["names"]) == 1 and sum(tcp["names"].values()) == 100
     assert len(udp["names"]) == 1 and sum(udp["names"].values()) == 100
     assert lb.events()[SockLbEvent.AFFINITY_HIT] >= 198
 
-    lb.apply(services(affinity_s=0))
+    apply(lb, services(affinity_s=0))
     tcp = client(netns, cgroup, "tcp", addr=str(SVC4), port=TCP_PORT, n=100)
     assert set(tcp["names"]) == set(BACKENDS4)
 
@@ -364,7 +365,7 @@ def test_a_backend_marked_down_gets_nothing_new_and_its_connected_udp_is_reset(
     table: dict[str, tuple[str, int]],
     down: str,
 ) -> None:
-    lb.apply(services())
+    apply(lb, services())
     params = {"addr": str(svc), "port": UDP_PORT, "connected": 40, "unconnected": 40}
     argv = [sys.executable, "-c", CLIENT, str(cgroup), "hold", json.dumps(params)]
     with netns_mod.popen(
@@ -378,7 +379,7 @@ def test_a_backend_marked_down_gets_nothing_new_and_its_connected_udp_is_reset(
             assert all(peer == f"{svc} {UDP_PORT}" for _, peer in before["connected"])
 
             with netns_mod.enter(netns):  # the iterator walks this namespace's sockets
-                result = lb.apply(services(down=frozenset({down})))
+                result = apply(lb, services(down=frozenset({down})))
             assert len(result.destroyed) == len(on_down)
 
             holder.stdin.write("go\n")
@@ -405,7 +406,7 @@ def test_a_backend_marked_down_gets_nothing_new_and_its_connected_udp_is_reset(
     assert tcp["errors"] == {} and set(tcp["names"]) == up
 
     # Every backend down: refused at connect (EPERM), not sent to an address nobody serves.
-    lb.apply(services(down=frozenset(table)))
+    apply(lb, services(down=frozenset(table)))
     got = client(netns, cgroup, "tcp", addr=str(svc), port=TCP_PORT, n=3)
     assert got["errors"] == {"EPERM": 3}
     assert lb.events()[SockLbEvent.NO_BACKEND] == 3
@@ -415,7 +416,7 @@ def test_pins_outlive_the_process_and_detach_removes_them(netns: str, cgroup: Pa
     try:
         with SockLb(netns) as first:
             first.attach(cgroup)
-            first.apply(services())
+            apply(first, services())
         # A second process (here: a second load) finds the same maps and links.
         with SockLb(netns) as second:
             assert second.attached()
@@ -429,7 +430,7 @@ def test_pins_outlive_the_process_and_detach_removes_them(netns: str, cgroup: Pa
             second.attach(cgroup)  # swaps programs in place
             # Tables shrink and grow (the service entry and its table change in turn).
             for size in (1009, 65537):
-                second.apply([dataclasses.replace(s, table_size=size) for s in services()])
+                apply(second, [dataclasses.replace(s, table_size=size) for s in services()])
                 for state in second.services():
                     assert state.table_size == size == sum(state.buckets.values())
     except BaseException:

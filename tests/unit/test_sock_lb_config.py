@@ -9,8 +9,9 @@ from pathlib import Path
 import pytest
 
 from xdplb.core.errors import ConfigError
-from xdplb.datapath.sock_lb import DEFAULT_TABLE_SIZE, Backend, Endpoint
+from xdplb.datapath.sock_lb import Endpoint
 from xdplb.sockets.sock_lb import load, parse
+from xdplb.sockets.socklb_plan import DEFAULT_TABLE_SIZE, Backend
 
 pytestmark = pytest.mark.unit
 

@@ -7,14 +7,8 @@ import socket
 
 import pytest
 
-from xdplb.datapath.sock_lb import (
-    Backend,
-    Endpoint,
-    Service,
-    SockLbError,
-    check_services,
-    plan,
-)
+from xdplb.datapath.sock_lb import Endpoint, SockLbError
+from xdplb.sockets.socklb_plan import Backend, Service, check_services, plan
 from xdplb.tables import maglev
 
 pytestmark = pytest.mark.unit

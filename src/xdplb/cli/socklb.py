@@ -2,7 +2,8 @@
 
 ``attach`` loads sock_lb and hooks it into a cgroup as pinned links (it stays after the
 command exits); ``apply`` hands it the whole desired state from a YAML file
-(:mod:`xdplb.sockets.sock_lb`); ``status`` reads the pins; ``detach`` removes it all.
+(:mod:`xdplb.sockets.sock_lb`, planned by :mod:`xdplb.sockets.socklb_plan`); ``status``
+reads the pins; ``detach`` removes it all.
 Exit codes: 0 done, 1 a kernel call failed, 2 a bad file or option, 3 not attached.
 """
 
@@ -64,6 +65,7 @@ def attach(
 ) -> None:
     """Hook sock_lb into a cgroup; with -c, apply the file's services too."""
     from xdplb.datapath.sock_lb import SockLb
+    from xdplb.sockets import socklb_plan
 
     cfg = _config(config) if config is not None else None
     target = cgroup or (cfg.cgroup if cfg is not None else None)
@@ -77,7 +79,7 @@ def attach(
         with SockLb(instance) as lb:
             lb.attach(target)
             if cfg is not None:
-                lb.apply(cfg.to_services())
+                socklb_plan.apply(lb, cfg.to_services())
     except XdplbError as e:
         fail("failed", e)
         raise typer.Exit(EXIT_RUNTIME) from None
@@ -90,6 +92,7 @@ def apply(config: ConfigOpt, instance: InstanceOpt = "socklb") -> None:
     connected to backends that went down are destroyed, in this command's network
     namespace."""
     from xdplb.datapath.sock_lb import SockLb, pin_dir
+    from xdplb.sockets import socklb_plan
 
     cfg = _config(config)
     if not pin_dir(instance).exists():
@@ -97,7 +100,7 @@ def apply(config: ConfigOpt, instance: InstanceOpt = "socklb") -> None:
         raise typer.Exit(EXIT_NOT_RUNNING)
     try:
         with SockLb(instance) as lb:
-            result = lb.apply(cfg.to_services())
+            result = socklb_plan.apply(lb, cfg.to_services())
     except ConfigError as e:
         fail("invalid", e)
         raise typer.Exit(EXIT_CONFIG) from None

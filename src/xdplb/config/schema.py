@@ -701,6 +701,37 @@ class SyncConfig(_Model):
         return raw
 
 
+class SocketLbConfig(_Model):
+    """Socket-level balancing (sock_lb) of VIPs for the processes of a cgroup: their
+    connect() and sendmsg() to a VIP go straight to one of its backends, chosen by the
+    same weights, tables and health as the XDP tier (docs: sock_lb). A backend is
+    reached at its address and the VIP's port."""
+
+    cgroup: Annotated[Path, Field(strict=False)]
+    """The cgroup v2 directory whose processes (and its descendants') are balanced;
+    fixed while the daemon runs."""
+    vips: list[str] | None = None
+    """VIPs by name (``10.96.0.10:80/tcp``, ``[fd00::10]:53/udp``); none: every VIP with a
+    port (a port-0 VIP names no port to rewrite)."""
+    affinity_seconds: Annotated[float, Field(ge=0, le=86400)] = 0.0
+    """A client (its network namespace) keeps its backend while it calls the VIP again
+    within this many seconds; 0: every socket is balanced on its own."""
+
+    @field_validator("cgroup")
+    @classmethod
+    def _absolute(cls, v: Path) -> Path:
+        if not v.is_absolute():
+            raise ValueError(f"must be an absolute path, got {v}")
+        return v
+
+    def selected(self, vips: list[VipConfig]) -> list[VipConfig]:
+        """The VIPs balanced at the socket, of ``vips``."""
+        if self.vips is None:
+            return [v for v in vips if v.port]
+        names = set(self.vips)
+        return [v for v in vips if v.name in names]
+
+
 #: The fields of a configuration that the fleet's document in the store sets for every
 #: node; the rest (interfaces, addresses, API, BGP, map sizes) stays each node's own.
 FLEET_FIELDS = ("hash_seed", "table_size", "load_feedback", "acl", "flood", "sessions", "vips")
@@ -742,6 +773,8 @@ class Config(_Model):
     sync: SyncConfig | None = None
     """Session sync with the other balancer nodes; absent: flows that move between nodes
     rely on consistent hashing alone."""
+    socket_lb: SocketLbConfig | None = None
+    """Socket-level balancing of VIPs for a cgroup's processes; absent: none."""
     vips: list[VipConfig] = Field(default_factory=list, fail_fast=True)
 
     @field_validator("table_size")
@@ -835,7 +868,32 @@ class Config(_Model):
                 )
         self._check_bgp()
         self._check_limits()
+        self._check_socket_lb()
         return self
+
+    def _check_socket_lb(self) -> None:
+        """Every VIP named exists and has a port; a balanced VIP's backends are of its
+        family (a socket cannot connect across families; the tunnel could)."""
+        if self.socket_lb is None:
+            return
+        by_name = {v.name: v for v in self.vips}
+        for i, name in enumerate(self.socket_lb.vips or ()):
+            vip = by_name.get(name)
+            if vip is None:
+                raise FieldError(f"socket_lb.vips[{i}]", f"no VIP {name!r} in vips")
+            if not vip.port:
+                raise FieldError(f"socket_lb.vips[{i}]", f"VIP {name} has no port to rewrite")
+        selected = {id(v) for v in self.socket_lb.selected(self.vips)}
+        for i, vip in enumerate(self.vips):
+            if id(vip) not in selected:
+                continue
+            for j, b in enumerate(vip.backends):
+                if b.address.version != vip.address.version:
+                    raise FieldError(
+                        f"vips[{i}].backends[{j}].address",
+                        f"socket_lb balances VIP {vip.name}: its backends must be "
+                        f"IPv{vip.address.version} too",
+                    )
 
     def _check_bgp(self) -> None:
         if self.bgp is None:

@@ -42,7 +42,7 @@ from xdplb.control.caller import caller
 from xdplb.control.diff import diff, dropped
 from xdplb.control.drain import ConnectionCounts, Count, PacketIdle, drain_done, udp_drain_done
 from xdplb.control.interface import ChangeResult, DrainStatus, ReloadRefused, VipRef
-from xdplb.control.overlay import Member, Overlay, effective
+from xdplb.control.overlay import Effective, Member, Overlay, effective
 from xdplb.control.sessions import ConnectionPage, ConnectionQuery, SessionCount, counts, page
 from xdplb.control.status import (
     Admin,
@@ -160,6 +160,10 @@ class Runtime:
         self.last_rebuild_ms: float | None = None
         #: Called with the seconds each plan that changed the maps took (metrics).
         self.on_rebuild: Callable[[float], None] = lambda seconds: None
+        #: Set by the daemon: called after every apply with what the tables were built
+        #: from (weights less down and drained backends), so that socket-level
+        #: balancing follows the XDP tier's tables and health.
+        self.on_planned: Callable[[Effective], None] = lambda eff: None
 
     # -- applying ------------------------------------------------------------------------
 
@@ -300,6 +304,7 @@ class Runtime:
         self.applied = planner.apply_to_snapshot(snap, ops)
         self.beamer_pending = planner.beamer_pending(wanted, self.applied)
         self.running = cfg
+        self.on_planned(eff)
         return len(ops)
 
     def _follow_feedback(self, cfg: Config) -> None:
@@ -497,6 +502,10 @@ class Runtime:
             raise ConfigError("cluster", "changing the store needs a restart")
         if cfg.sync != self.running.sync:
             raise ConfigError("sync", "changing session sync needs a restart")
+        old_sl, new_sl = self.running.socket_lb, cfg.socket_lb
+        if (old_sl and old_sl.cgroup) != (new_sl and new_sl.cgroup):
+            # Attached to its cgroup at start, with the daemon's every capability.
+            raise ConfigError("socket_lb.cgroup", "adding, removing or moving it needs a restart")
 
     def _with_fleet(self, local: Config) -> Config:
         """``local`` with the fleet's document over it, when there is one."""

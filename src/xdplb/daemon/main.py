@@ -53,6 +53,7 @@ from xdplb.daemon.history import History
 from xdplb.daemon.logs import CallerMiddleware
 from xdplb.daemon.metrics import Metrics
 from xdplb.daemon.serving import server_options
+from xdplb.daemon.socket_lb import SocketBalancer
 from xdplb.datapath.conns import SessionExport
 from xdplb.sync.convert import ViewCache
 from xdplb.sync.node import SyncNode, SyncSource
@@ -162,6 +163,8 @@ class Daemon:
         self.sync: SyncNode | None = None
         #: Its key, read while the daemon may still read a root-only file.
         self._sync_key = self.rt.running.sync.secret() if self.rt.running.sync else b""
+        #: Socket-level balancing, with ``socket_lb`` configured (started by :meth:`serve`).
+        self.socket_lb: SocketBalancer | None = None
 
     def reload(self, why: str) -> bool:
         """Re-read the file; apply it if valid and it drops no change made through the
@@ -239,7 +242,13 @@ class Daemon:
         sock = bind_api(rt.running.api, rt.instance)
         sock_file = _socket_file(sock)
         try:
+            if (sl := rt.running.socket_lb) is not None:
+                # Loaded before the first plan, which fills its maps; attached after it.
+                self.socket_lb = SocketBalancer(rt.instance, sl.cgroup)
+                rt.on_planned = self.socket_lb.on_planned
             rt.start()  # an upgrade copies the session table here (docs/operations.md)
+            if self.socket_lb is not None:
+                self.socket_lb.attach()
             # BIRD binds port 179 and opens BFD sockets: started while we hold every
             # capability, as our child (it dies with us: docs/cluster.md).
             if rt.running.bgp is not None:
@@ -275,6 +284,8 @@ class Daemon:
                 await self.sync.close()
             if self.announcer is not None:
                 self.announcer.close()
+            if self.socket_lb is not None:
+                self.socket_lb.close()
             sock.close()
             _remove_socket_file(sock_file)
             rt.close()
@@ -360,6 +371,8 @@ class Daemon:
             _remove_socket_file(sock_file)
             if read_pid(rt.instance) == os.getpid():
                 paths.pid_file(rt.instance).unlink(missing_ok=True)
+            if self.socket_lb is not None:
+                self.socket_lb.close()  # its links stay pinned, as lb_xdp's do
             rt.close()
             log.info("instance %s: daemon exits, programs stay attached", rt.instance)
             # Stopping already: one more SIGTERM or SIGINT while the interpreter winds

@@ -4,13 +4,13 @@ A client in the cgroup that connects (TCP, UDP) or sends (unconnected UDP) to a 
 address is sent to a backend when it makes the call, so no packet is ever translated.
 :class:`SockLb` loads the object with its maps pinned per instance, attaches its ten
 cgroup hooks as pinned bpf_links (they outlive this process), and takes the whole desired
-state in one :meth:`SockLb.apply`: services, backends with weights and health, affinity.
+state in one :meth:`SockLb.apply`: services, backends with weights and health, affinity,
+as a :class:`Plan` computed beforehand (:mod:`xdplb.sockets.socklb_plan` builds the Maglev
+tables: this layer imports only core).
 
-Tables are Maglev tables built by :mod:`xdplb.tables.maglev`, as the XDP tier builds them
-(same sizes, same identity-sorted weighting), from the backends that are up; a table is
-replaced whole. A backend that goes down is left out of its tables, and the UDP sockets
-connected to it through a service are destroyed (``bpf_sock_destroy`` from an iter/udp
-program) so their owners get ECONNABORTED and reconnect.
+A table is replaced whole. A backend that goes down is left out of its tables, and the UDP
+sockets connected to it through a service are destroyed (``bpf_sock_destroy`` from an
+iter/udp program) so their owners get ECONNABORTED and reconnect.
 """
 
 from __future__ import annotations
@@ -24,10 +24,13 @@ import os
 import shutil
 import socket
 import struct
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import ClassVar
+
+import numpy as np
+import numpy.typing as npt
 
 from xdplb.core import paths
 from xdplb.core.addresses import IPAddress
@@ -37,13 +40,11 @@ from xdplb.datapath._ffi import lib
 from xdplb.datapath.links import Link, attach_link, run_iter
 from xdplb.datapath.maps import BPF_F_INNER_MAP, Map, MapType
 from xdplb.datapath.objects import BpfObject
-from xdplb.tables import maglev
 
 #: Mirrors of bpf/include/sock_lb_abi.h (checked against the object's BTF by
 #: tests/bpf/test_sock_lb_abi.py).
 MAX_SERVICES = 256
 MAX_BACKENDS = 4096
-DEFAULT_TABLE_SIZE = maglev.DEFAULT_SIZE
 FAMILY_V4 = 4
 FAMILY_V6 = 6
 
@@ -51,6 +52,9 @@ FAMILY_V6 = 6
 PIN_SUBDIR = "sock_lb"
 LINKS_SUBDIR = "links"
 OBJECT = "sock_lb"
+
+#: A service's Maglev table: one backend id per bucket.
+U32Array = npt.NDArray[np.uint32]
 
 
 class SockLbEvent(enum.IntEnum):
@@ -104,6 +108,12 @@ class BackendValue(AbiStruct):
         ("family", ctypes.c_uint8),
         ("up", ctypes.c_uint8),
     ]
+
+    @classmethod
+    def of(cls, endpoint: Endpoint, up: bool) -> BackendValue:
+        return cls(
+            _words(endpoint.address), socket.htons(endpoint.port), _family(endpoint.address), up
+        )
 
 
 class AffKey(AbiStruct):
@@ -220,149 +230,28 @@ class Endpoint:
         return f"{host}:{self.port}"
 
 
-@dataclass(frozen=True)
-class Backend:
-    """One backend of a service."""
-
-    #: Where the connection or datagram goes instead of the service address.
-    endpoint: Endpoint
-    #: Share of the service's table, relative to the other backends (0: none).
-    weight: int = 1
-    #: False: health says down: out of the table, and connected UDP sockets reset.
-    up: bool = True
-
-
-@dataclass(frozen=True)
-class Service:
-    """A service address that clients in the cgroup connect or send to."""
-
-    address: IPAddress
-    port: int
-    #: socket.IPPROTO_TCP or socket.IPPROTO_UDP.
-    proto: int
-    backends: tuple[Backend, ...]
-    #: Seconds a client (its network namespace) keeps its backend once chosen, counted
-    #: from its last connect or send to the service; 0: no affinity.
-    affinity_s: float = 0.0
-    #: Buckets of its Maglev table: a prime, the XDP tier's default unless told.
-    table_size: int = DEFAULT_TABLE_SIZE
-
-    @property
-    def key(self) -> tuple[IPAddress, int, int]:
-        return (self.address, self.port, self.proto)
+#: (address, port, proto): how a service is named.
+ServiceKey = tuple[IPAddress, int, int]
 
 
 @dataclass(frozen=True)
 class Plan:
-    """What :meth:`SockLb.apply` writes; computed without a kernel by :func:`plan`."""
+    """What :meth:`SockLb.apply` writes; computed without a kernel by
+    :func:`xdplb.sockets.socklb_plan.plan` against :meth:`SockLb.current`."""
 
     #: Service key -> (service id, value, its table as backend ids; None: no backend up).
-    services: dict[tuple[IPAddress, int, int], tuple[int, SvcValue, maglev.U32Array | None]]
+    services: dict[ServiceKey, tuple[int, SvcValue, U32Array | None]]
     #: Backend id -> value, for every backend of the desired state (down ones too).
     backends: dict[int, BackendValue]
     #: Backend id -> endpoint, as in ``backends``.
     endpoints: dict[int, Endpoint]
     #: Services of the current state that are not desired any more: their ids.
-    removed_services: dict[tuple[IPAddress, int, int], int]
+    removed_services: dict[ServiceKey, int]
     #: Ids of backends no service names any more (their slot is zeroed).
     removed_backends: frozenset[int]
     #: Ids of backends that were up and no longer are (down or removed): the UDP sockets
     #: connected to them through a service are destroyed.
     went_down: frozenset[int] = field(default_factory=frozenset)
-
-
-def _lowest_free(used: Iterable[int], start: int, stop: int, what: str) -> int:
-    taken = set(used)
-    for i in range(start, stop):
-        if i not in taken:
-            return i
-    raise SockLbError(f"no free {what} id: at most {stop - start}")
-
-
-def check_services(services: Sequence[Service]) -> None:
-    """Refuse what the maps cannot hold: duplicate services, backends of another family
-    than their service, or one endpoint said up by a service and down by another."""
-    seen: set[tuple[IPAddress, int, int]] = set()
-    health: dict[Endpoint, bool] = {}
-    for svc in services:
-        if svc.key in seen:
-            raise SockLbError(f"service {Endpoint(svc.address, svc.port)} proto {svc.proto} twice")
-        seen.add(svc.key)
-        if svc.proto not in (socket.IPPROTO_TCP, socket.IPPROTO_UDP):
-            raise SockLbError(f"service {Endpoint(svc.address, svc.port)}: proto {svc.proto}")
-        for b in svc.backends:
-            if b.endpoint.address.version != svc.address.version:
-                raise SockLbError(
-                    f"service {Endpoint(svc.address, svc.port)}: backend {b.endpoint} "
-                    "is of another address family"
-                )
-            if health.setdefault(b.endpoint, b.up) != b.up:
-                raise SockLbError(f"backend {b.endpoint} is up in one service, down in another")
-    if len(seen) > MAX_SERVICES:
-        raise SockLbError(f"{len(seen)} services: at most {MAX_SERVICES}")
-
-
-def plan(
-    services: Sequence[Service],
-    current_services: Mapping[tuple[IPAddress, int, int], int],
-    current_backends: Mapping[Endpoint, tuple[int, bool]],
-) -> Plan:
-    """The maps' contents for ``services``, given the ids in use now (service key -> id;
-    endpoint -> (backend id, up)). Ids are kept for what stays, so tables of unchanged
-    services come out identical; new ones take the lowest id free now and not held by
-    something this plan removes (backend id 0 is never used: a zeroed slot names
-    nothing)."""
-    check_services(services)
-    backend_ids: dict[Endpoint, int] = {}
-    health: dict[Endpoint, bool] = {}
-    for svc in services:
-        for b in svc.backends:
-            health[b.endpoint] = b.up
-    for ep in sorted(health, key=Endpoint.order):
-        if ep in current_backends:
-            backend_ids[ep] = current_backends[ep][0]
-    # Ids of what goes away are not reused in the same plan: apply clears them last.
-    taken = {i for i, _ in current_backends.values()}
-    for ep in sorted(health, key=Endpoint.order):
-        if ep not in backend_ids:
-            backend_ids[ep] = _lowest_free(taken, 1, MAX_BACKENDS, "backend")
-            taken.add(backend_ids[ep])
-
-    svc_ids: dict[tuple[IPAddress, int, int], int] = {
-        s.key: current_services[s.key] for s in services if s.key in current_services
-    }
-    out: dict[tuple[IPAddress, int, int], tuple[int, SvcValue, maglev.U32Array | None]] = {}
-    svc_taken = set(current_services.values())
-    for svc in services:
-        if svc.key not in svc_ids:
-            svc_ids[svc.key] = _lowest_free(svc_taken, 0, MAX_SERVICES, "service")
-            svc_taken.add(svc_ids[svc.key])
-        sid = svc_ids[svc.key]
-        weights = {str(b.endpoint): b.weight for b in svc.backends if b.up and b.weight > 0}
-        ids = {str(b.endpoint): backend_ids[b.endpoint] for b in svc.backends}
-        table = maglev.build(weights, svc.table_size).map_ids(ids) if weights else None
-        value = SvcValue(sid, svc.table_size, round(svc.affinity_s * 1e9))
-        out[svc.key] = (sid, value, table)
-
-    backends = {
-        backend_ids[ep]: BackendValue(
-            _words(ep.address), socket.htons(ep.port), _family(ep.address), up
-        )
-        for ep, up in health.items()
-    }
-    removed = frozenset(i for ep, (i, _) in current_backends.items() if ep not in backend_ids)
-    was_up = {i for i, up in current_backends.values() if up}
-    went_down = frozenset(
-        i for i in was_up if i in removed or not backends.get(i, BackendValue()).up
-    )
-    return Plan(
-        services=out,
-        backends=backends,
-        endpoints={i: ep for ep, i in backend_ids.items()},
-        removed_services={k: i for k, i in current_services.items() if k not in out},
-        removed_backends=removed,
-        went_down=went_down,
-    )
 
 
 # -- the loaded object ---------------------------------------------------------------
@@ -446,9 +335,7 @@ class SockLb(Closing):
 
     # -- the state ---------------------------------------------------------------
 
-    def current(
-        self,
-    ) -> tuple[dict[tuple[IPAddress, int, int], int], dict[Endpoint, tuple[int, bool]]]:
+    def current(self) -> tuple[dict[ServiceKey, int], dict[Endpoint, tuple[int, bool]]]:
         """(service key -> id, endpoint -> (backend id, up)) as the maps hold them."""
         svcs = {key: v.id for key, v in self._service_values().items()}
         bes: dict[Endpoint, tuple[int, bool]] = {}
@@ -460,8 +347,8 @@ class SockLb(Closing):
                 bes[Endpoint(_addr(b.addr, b.family), socket.ntohs(b.port))] = (i, bool(b.up))
         return svcs, bes
 
-    def _service_values(self) -> dict[tuple[IPAddress, int, int], SvcValue]:
-        out: dict[tuple[IPAddress, int, int], SvcValue] = {}
+    def _service_values(self) -> dict[ServiceKey, SvcValue]:
+        out: dict[ServiceKey, SvcValue] = {}
         for key, value in self.map("socklb_services").items():
             k = SvcKey.from_buffer_copy(key)
             out[(_addr(k.addr, k.family), socket.ntohs(k.port), k.proto)] = (
@@ -469,8 +356,9 @@ class SockLb(Closing):
             )
         return out
 
-    def apply(self, services: Sequence[Service]) -> ApplyResult:
-        """Make the maps hold exactly ``services``, in an order where a connect never
+    def apply(self, p: Plan) -> ApplyResult:
+        """Write ``p`` (planned against :meth:`current`, which nothing else changed since),
+        in an order where a connect never
         finds a table slot naming a backend that is not up, nor a bucket past its table's
         end: backends up first, then each table swapped whole, then the service entries
         (before the table for a service whose table shrinks), then backends down;
@@ -478,7 +366,6 @@ class SockLb(Closing):
         sockets of backends that went down are destroyed -- those of the calling thread's
         network namespace, the one the iterator walks."""
         old_sizes = {key: v.table_size for key, v in self._service_values().items()}
-        p = plan(services, *self.current())
         # A table and its service's size are two writes: whichever is smaller must be in
         # place while the other is not, or a bucket would fall past the table's end.
         svc_map = self.map("socklb_services")

@@ -1,9 +1,9 @@
 """The sock_lb configuration file: services balanced at the socket for one cgroup.
 
-A file of its own, not a section of the daemon's configuration: the daemon's VIPs are
-balanced per packet by the XDP tier, and none of them says it wants socket-level
-balancing (a ``socket_lb`` field on a VIP would be the way to merge the two; until then
-this file is what ``xdplb socklb apply`` reads)::
+A file of its own, for services that are not the daemon's VIPs (backends on ports of
+their own, no XDP tier); the daemon balances its VIPs at the socket with its
+configuration's ``socket_lb`` section instead (:mod:`xdplb.daemon.socket_lb`). This file
+is what ``xdplb socklb apply`` reads::
 
     cgroup: /sys/fs/cgroup/unified/clients
     services:
@@ -29,16 +29,8 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, IPvAnyAddress, ValidationError, model_validator
 
 from xdplb.core.errors import ConfigError
-from xdplb.datapath.sock_lb import (
-    DEFAULT_TABLE_SIZE,
-    MAX_BACKENDS,
-    MAX_SERVICES,
-    Backend,
-    Endpoint,
-    Service,
-    SockLbError,
-    check_services,
-)
+from xdplb.datapath.sock_lb import MAX_BACKENDS, MAX_SERVICES, Endpoint, SockLbError
+from xdplb.sockets.socklb_plan import DEFAULT_TABLE_SIZE, Backend, Service, check_services
 from xdplb.tables.primes import is_prime
 
 _PROTOCOLS = {"tcp": socket.IPPROTO_TCP, "udp": socket.IPPROTO_UDP}

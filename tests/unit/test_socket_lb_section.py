@@ -1,0 +1,131 @@
+"""The configuration's ``socket_lb`` section: what it accepts, the field it names when it
+refuses, and the services the daemon hands sock_lb from the XDP tier's tables."""
+
+from __future__ import annotations
+
+import ipaddress
+import socket
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from xdplb.config import Config, parse_config
+from xdplb.control.overlay import Effective
+from xdplb.core import abi
+from xdplb.core.errors import ConfigError
+from xdplb.daemon.socket_lb import services
+from xdplb.datapath.sock_lb import Endpoint
+from xdplb.sockets.socklb_plan import Backend
+
+pytestmark = pytest.mark.unit
+
+B1, B2 = "127.0.0.2", "127.0.0.3"
+
+
+def doc(socket_lb: Any, **vip: Any) -> dict[str, Any]:
+    backends = [{"address": B1, "weight": 1}, {"address": B2, "weight": 2}]
+    return {
+        "tunnel": {"source_v4": "127.0.0.1", "source_v6": "fd00::1"},
+        "table_size": 1009,
+        "vips": [
+            {"address": "10.96.0.10", "port": 80, "backends": backends, **vip},
+            {"address": "10.96.0.10", "port": 80, "protocol": "udp", "backends": backends},
+            {"address": "10.96.0.11", "backends": backends},  # port 0: every port
+        ],
+        "socket_lb": socket_lb,
+    }
+
+
+def test_absent_by_default_and_every_vip_with_a_port_when_none_are_named() -> None:
+    assert parse_config({}).socket_lb is None
+    cfg = parse_config(doc({"cgroup": "/sys/fs/cgroup/unified/clients"}))
+    assert cfg.socket_lb is not None
+    assert cfg.socket_lb.cgroup == Path("/sys/fs/cgroup/unified/clients")
+    assert cfg.socket_lb.affinity_seconds == 0
+    assert [v.name for v in cfg.socket_lb.selected(cfg.vips)] == [
+        "10.96.0.10:80/tcp",
+        "10.96.0.10:80/udp",
+    ]
+    named = parse_config(doc({"cgroup": "/cg", "vips": ["10.96.0.10:80/udp"]}))
+    assert named.socket_lb is not None
+    assert [v.name for v in named.socket_lb.selected(named.vips)] == ["10.96.0.10:80/udp"]
+
+
+@pytest.mark.parametrize(
+    ("socket_lb", "vip", "field", "message"),
+    [
+        ({"cgroup": "clients"}, {}, "socket_lb.cgroup", "must be an absolute path"),
+        ({}, {}, "socket_lb.cgroup", "Field required"),
+        ({"cgroup": "/cg", "vips": ["10.96.0.10:81/tcp"]}, {}, "socket_lb.vips[0]", "no VIP"),
+        ({"cgroup": "/cg", "vips": ["10.96.0.11:0/tcp"]}, {}, "socket_lb.vips[0]", "no port"),
+        ({"cgroup": "/cg", "affinity_seconds": -1}, {}, "socket_lb.affinity_seconds", "greater"),
+        ({"cgroup": "/cg", "affinity_seconds": "5"}, {}, "socket_lb.affinity_seconds", "number"),
+        ({"cgroup": "/cg", "cgroups": "/x"}, {}, "socket_lb.cgroups", "unknown field"),
+        (
+            {"cgroup": "/cg"},
+            {"backends": [{"address": "fd00::2"}]},
+            "vips[0].backends[0].address",
+            "must be IPv4 too",
+        ),
+    ],
+)
+def test_a_bad_value_names_its_field(
+    socket_lb: dict[str, Any], vip: dict[str, Any], field: str, message: str
+) -> None:
+    with pytest.raises(ConfigError) as e:
+        parse_config(doc(socket_lb, **vip))
+    assert e.value.field == field
+    assert message in str(e.value)
+
+
+def test_a_vip_not_balanced_at_the_socket_may_mix_families() -> None:
+    d = doc({"cgroup": "/cg", "vips": ["10.96.0.10:80/udp"]}, backends=[{"address": "fd00::2"}])
+    assert parse_config(d).socket_lb is not None
+
+
+def effective(cfg: Config, down: dict[str, set[str]]) -> Effective:
+    """As the overlay makes it: backends down have weight 0 and a DOWN member state."""
+    vips = []
+    members: dict[str, dict[Any, abi.MemberState]] = {}
+    for vip in cfg.vips:
+        out = {ipaddress.ip_address(a) for a in down.get(vip.name, set())}
+        vips.append(
+            vip.model_copy(
+                update={
+                    "backends": [
+                        b.model_copy(update={"weight": 0}) if b.address in out else b
+                        for b in vip.backends
+                    ]
+                }
+            )
+        )
+        if out:
+            members[vip.name] = dict.fromkeys(out, abi.MemberState.DOWN)
+    return Effective(cfg.model_copy(update={"vips": vips}), members=members)
+
+
+def ep(addr: str, port: int) -> Endpoint:
+    return Endpoint(ipaddress.ip_address(addr), port)
+
+
+def test_services_are_the_vips_at_their_port_with_the_tables_weights() -> None:
+    cfg = parse_config(doc({"cgroup": "/cg", "affinity_seconds": 30}, table="beamer"))
+    got = services(effective(cfg, {}))
+    assert [(s.port, s.proto) for s in got] == [(80, socket.IPPROTO_TCP), (80, socket.IPPROTO_UDP)]
+    for s in got:
+        assert s.address == ipaddress.ip_address("10.96.0.10")
+        assert s.backends == (Backend(ep(B1, 80), 1), Backend(ep(B2, 80), 2))
+        assert s.affinity_s == 30
+        assert s.table_size == 1009  # a Beamer VIP's too: sock_lb's tables are Maglev
+    assert services(effective(parse_config({}), {})) == []
+
+
+def test_an_endpoint_is_down_only_when_every_vip_naming_it_sees_it_down() -> None:
+    cfg = parse_config(doc({"cgroup": "/cg"}))
+    tcp, udp = services(effective(cfg, {"10.96.0.10:80/tcp": {B2}}))
+    # The TCP VIP alone sees B2 down: out of its table, but the endpoint stays up for UDP.
+    assert tcp.backends[1] == Backend(ep(B2, 80), 0, up=True)
+    assert udp.backends[1] == Backend(ep(B2, 80), 2, up=True)
+    tcp, udp = services(effective(cfg, {"10.96.0.10:80/tcp": {B2}, "10.96.0.10:80/udp": {B2}}))
+    assert tcp.backends[1] == udp.backends[1] == Backend(ep(B2, 80), 0, up=False)
