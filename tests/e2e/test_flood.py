@@ -232,6 +232,7 @@ def test_rate_limit_contains_one_prefix(flood_lab: Lab, tmp_path: Path) -> None:
     # tick and one racing CPU's extra flow of slack), not one more.
     assert admitted <= BURST + RATE * (result.seconds + 0.1) + 2, report
     assert admitted >= BURST, report
-    # The flood goes as fast as the generator goes (over a million a second); the veth
-    # rings on the way drop most of it, and what reaches the LB is limited.
-    assert limited > 100_000, report
+    # The flood goes as fast as the generator goes (over a million a second on a quiet
+    # machine, a quarter of that on a busy one); the veth rings on the way drop most of
+    # it, and of what reaches the LB all but the bucket's share is limited.
+    assert limited > 100 * admitted, report
