@@ -7,7 +7,7 @@
  * show the service address; binding one is refused.  An iter/udp program
  * destroys the connected UDP sockets of backends that went down.
  *
- * Logic and maps: lib/sock_lb.h.  User guide: docs (sock_lb).
+ * Logic and maps: lib/sock_lb.h.  User guide: docs/sock_lb.md.
  */
 #include <linux/bpf.h>
 #include <bpf/bpf_helpers.h>

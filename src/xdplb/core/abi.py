@@ -178,6 +178,13 @@ class AbiStruct(ctypes.Structure):
         return bytes(self)
 
     @classmethod
+    def layout(cls) -> tuple[int, list[tuple[str, int, int]]]:
+        """The size and the fields as (name, byte offset, byte size), to compare with
+        :meth:`xdplb.core.btf.Btf.struct_layout` of the C struct."""
+        fields = [(f[0], int(getattr(cls, f[0]).offset), ctypes.sizeof(f[1])) for f in cls._fields_]
+        return ctypes.sizeof(cls), fields
+
+    @classmethod
     def unpack(cls, data: bytes) -> AbiStruct:
         return cls.from_buffer_copy(data[: ctypes.sizeof(cls)])
 

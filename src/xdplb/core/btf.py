@@ -302,6 +302,12 @@ class Btf:
             case _:
                 raise BtfError(f"type {tid} ({t.kind.name}) has no size")
 
+    def struct_layout(self, name: str) -> tuple[int, list[tuple[str, int, int]]]:
+        """Struct ``name``'s size and its members as (name, byte offset, byte size): what
+        :meth:`xdplb.core.abi.AbiStruct.layout` gives for its Python mirror."""
+        t = self.find(name, Kind.STRUCT)
+        return t.size, [(m.name, m.offset // 8, self.size(m.type)) for m in t.members]
+
     def enum_values(self, name: str) -> dict[str, int]:
         """The values of ``enum name`` (ENUM or ENUM64)."""
         for tid in self._by_name.get(name, []):

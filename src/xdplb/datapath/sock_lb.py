@@ -27,12 +27,12 @@ import struct
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import ClassVar
 
 import numpy as np
 import numpy.typing as npt
 
 from xdplb.core import paths
+from xdplb.core.abi import AbiStruct
 from xdplb.core.addresses import IPAddress
 from xdplb.core.closing import Closing
 from xdplb.core.errors import BpfError, XdplbError
@@ -70,15 +70,6 @@ class SockLbEvent(enum.IntEnum):
     REV_FAILED = enum.auto()
     DESTROYED = enum.auto()
     DESTROY_FAILED = enum.auto()
-
-
-class AbiStruct(ctypes.Structure):
-    """A mirror of a struct of sock_lb_abi.h: ``c_name`` is the C struct's name."""
-
-    c_name: ClassVar[str]
-
-    def pack(self) -> bytes:
-        return bytes(self)
 
 
 class SvcKey(AbiStruct):
