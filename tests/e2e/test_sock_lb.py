@@ -10,17 +10,13 @@ process that created it); the test process itself stays outside.
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import ipaddress
 import json
 import math
-import os
 import socket
 import subprocess
-import sys
 import threading
-import uuid
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -30,12 +26,11 @@ import pytest
 from xdplb.datapath import sock_lb
 from xdplb.datapath.sock_lb import Endpoint, SockLb, SockLbEvent
 from xdplb.lab import netns as netns_mod
-from xdplb.lab.wait import wait_for
+from xdplb.lab.cgroup_clients import argv, child_cgroup
 from xdplb.sockets.socklb_plan import Backend, Service, apply
 
 pytestmark = pytest.mark.e2e
 
-CGROUP2 = Path("/sys/fs/cgroup/unified")
 SVC4 = ipaddress.ip_address("127.0.0.10")
 SVC6 = ipaddress.ip_address("fd00::10")
 TCP_PORT, UDP_PORT = 80, 53
@@ -49,118 +44,14 @@ BACKENDS6 = {"v1": ("fd00::2", 8001), "v2": ("fd00::3", 8002)}
 FLOWS = 600
 SIGMAS = 4.5
 
-#: The client: moves into the cgroup (argv[1], "" for none), then runs one mode and
-#: prints one JSON line per phase.
-CLIENT = r"""
-import errno, json, socket, sys
-cg, mode, p = sys.argv[1], sys.argv[2], json.loads(sys.argv[3])
-if cg:
-    with open(cg + "/cgroup.procs", "w") as f:
-        f.write(str(__import__("os").getpid()))
-fam = socket.AF_INET6 if ":" in p["addr"] else socket.AF_INET
-svc = (p["addr"], p["port"])
-def out(obj):
-    print(json.dumps(obj), flush=True)
-def name_of(e):
-    return errno.errorcode.get(e.errno, str(e.errno))
-def tally(d, k):
-    d[k] = d.get(k, 0) + 1
-if mode == "tcp":
-    names, peers, errors = {}, {}, {}
-    for _ in range(p["n"]):
-        s = socket.socket(fam, socket.SOCK_STREAM)
-        s.settimeout(5)
-        try:
-            s.connect(svc)
-            tally(peers, "%s %d" % s.getpeername()[:2])
-            data = b""
-            while chunk := s.recv(64):
-                data += chunk
-            tally(names, data.decode())
-        except OSError as e:
-            tally(errors, name_of(e))
-        finally:
-            s.close()
-    out({"names": names, "peers": peers, "errors": errors})
-elif mode == "udp":
-    names, sources, errors = {}, {}, {}
-    for i in range(p["n"]):
-        s = socket.socket(fam, socket.SOCK_DGRAM)
-        s.settimeout(5)
-        try:
-            s.sendto(b"%d" % i, svc)
-            data, src = s.recvfrom(64)
-            tally(names, data.decode())
-            tally(sources, "%s %d" % src[:2])
-        except OSError as e:
-            tally(errors, name_of(e))
-        finally:
-            s.close()
-    out({"names": names, "sources": sources, "errors": errors})
-elif mode == "bind":
-    kind = socket.SOCK_STREAM if p["proto"] == "tcp" else socket.SOCK_DGRAM
-    s = socket.socket(fam, kind)
-    try:
-        s.bind(svc)
-        out({"error": None})
-    except OSError as e:
-        out({"error": name_of(e)})
-elif mode == "hold":
-    def ask(s, msg, to=None):
-        s.send(msg) if to is None else s.sendto(msg, to)
-        data, src = s.recvfrom(64)
-        return data.decode(), "%s %d" % src[:2]
-    conn, free = [], []
-    for _ in range(p["connected"]):
-        s = socket.socket(fam, socket.SOCK_DGRAM)
-        s.settimeout(5)
-        s.connect(svc)
-        name, _src = ask(s, b"hi")
-        conn.append((s, name, "%s %d" % s.getpeername()[:2]))
-    for _ in range(p["unconnected"]):
-        s = socket.socket(fam, socket.SOCK_DGRAM)
-        s.settimeout(5)
-        free.append((s, ask(s, b"hi", svc)[0]))
-    out({"connected": [[n, peer] for _, n, peer in conn], "unconnected": [n for _, n in free]})
-    sys.stdin.readline()
-    after_conn, after_free = [], []
-    for s, _, _ in conn:
-        pending = s.getsockopt(socket.SOL_SOCKET, socket.SO_ERROR)
-        try:
-            got = ask(s, b"again")[0]
-        except OSError as e:
-            got = "error " + name_of(e)
-        after_conn.append([errno.errorcode.get(pending, "") if pending else None, got])
-    for s, _ in free:
-        try:
-            after_free.append(list(ask(s, b"again", svc)))
-        except OSError as e:
-            after_free.append(["error " + name_of(e), ""])
-    out({"connected": after_conn, "unconnected": after_free})
-"""
-
 
 # -- fixtures ------------------------------------------------------------------------
 
 
 @pytest.fixture
 def cgroup() -> Iterator[Path]:
-    """A child cgroup of the v2 hierarchy, removed after the test (its processes, if a
-    failure left any, are killed first)."""
-    path = CGROUP2 / f"xdplb-socklb-{os.getpid()}-{uuid.uuid4().hex[:8]}"
-    path.mkdir()
-    try:
+    with child_cgroup("socklb") as path:
         yield path
-    finally:
-        for pid in (path / "cgroup.procs").read_text().split():
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(int(pid), 9)
-        wait_for(
-            lambda: (path / "cgroup.procs").read_text().split(),
-            "cgroup empty",
-            until=lambda p: not p,
-        )
-        path.rmdir()
 
 
 class Servers:
@@ -260,8 +151,7 @@ def services(down: frozenset[str] = frozenset(), affinity_s: float = 0.0) -> lis
 
 
 def client(ns: str, cg: Path | None, mode: str, **params: Any) -> dict[str, Any]:
-    argv = [sys.executable, "-c", CLIENT, str(cg or ""), mode, json.dumps(params)]
-    done = netns_mod.run(ns, argv, timeout=30)
+    done = netns_mod.run(ns, argv(cg, mode, **params), timeout=30)
     result: dict[str, Any] = json.loads(done.stdout.splitlines()[-1])
     return result
 
@@ -367,9 +257,12 @@ def test_a_backend_marked_down_gets_nothing_new_and_its_connected_udp_is_reset(
 ) -> None:
     apply(lb, services())
     params = {"addr": str(svc), "port": UDP_PORT, "connected": 40, "unconnected": 40}
-    argv = [sys.executable, "-c", CLIENT, str(cgroup), "hold", json.dumps(params)]
     with netns_mod.popen(
-        netns, argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
+        netns,
+        argv(cgroup, "hold", **params),
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
     ) as holder:
         try:
             assert holder.stdin is not None and holder.stdout is not None

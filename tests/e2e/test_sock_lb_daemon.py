@@ -9,13 +9,11 @@ from __future__ import annotations
 import contextlib
 import json
 import math
-import os
 import signal
 import socket
 import subprocess
 import sys
 import threading
-import uuid
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -28,11 +26,11 @@ from xdplb.daemon.main import read_pid
 from xdplb.datapath import sock_lb
 from xdplb.datapath.sock_lb import SockLb, SockLbEvent
 from xdplb.lab import netns as netns_mod
+from xdplb.lab.cgroup_clients import argv, child_cgroup
 from xdplb.lab.wait import wait_for
 
 pytestmark = pytest.mark.e2e
 
-CGROUP2 = Path("/sys/fs/cgroup/unified")
 VIP = "127.0.0.10"
 TCP_PORT, UDP_PORT, CHECK_PORT = 8080, 5353, 9000
 BACKENDS = {"b1": "127.0.0.2", "b2": "127.0.0.3", "b3": "127.0.0.4"}
@@ -44,90 +42,14 @@ TABLE_SIZE = 2039
 #: cookie): 4.5 standard deviations, about one check in 150,000 fails by chance.
 SIGMAS = 4.5
 
-#: The client: joins the cgroup (argv[1]), runs one mode, prints one JSON line per phase.
-CLIENT = r"""
-import errno, json, os, socket, sys
-cg, mode, p = sys.argv[1], sys.argv[2], json.loads(sys.argv[3])
-with open(cg + "/cgroup.procs", "w") as f:
-    f.write(str(os.getpid()))
-svc = (p["addr"], p["port"])
-def out(obj):
-    print(json.dumps(obj), flush=True)
-def tally(d, k):
-    d[k] = d.get(k, 0) + 1
-def err(e):
-    return errno.errorcode.get(e.errno, str(e.errno))
-if mode == "tcp":
-    names, peers, errors = {}, {}, {}
-    for _ in range(p["n"]):
-        s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-        s.settimeout(5)
-        try:
-            s.connect(svc)
-            tally(peers, "%s %d" % s.getpeername())
-            data = b""
-            while chunk := s.recv(64):
-                data += chunk
-            tally(names, data.decode())
-        except OSError as e:
-            tally(errors, err(e))
-        finally:
-            s.close()
-    out({"names": names, "peers": peers, "errors": errors})
-elif mode == "udp":
-    names, sources, errors = {}, {}, {}
-    for i in range(p["n"]):
-        s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
-        s.settimeout(5)
-        try:
-            s.sendto(b"%d" % i, svc)
-            data, src = s.recvfrom(64)
-            tally(names, data.decode())
-            tally(sources, "%s %d" % src)
-        except OSError as e:
-            tally(errors, err(e))
-        finally:
-            s.close()
-    out({"names": names, "sources": sources, "errors": errors})
-elif mode == "hold":
-    socks = []
-    for _ in range(p["n"]):
-        s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
-        s.settimeout(5)
-        s.connect(svc)
-        s.send(b"hi")
-        socks.append((s, s.recv(64).decode()))
-    out({"names": [n for _, n in socks]})
-    sys.stdin.readline()
-    after = []
-    for s, name in socks:
-        pending = s.getsockopt(socket.SOL_SOCKET, socket.SO_ERROR)
-        after.append([name, errno.errorcode.get(pending) if pending else None])
-    out({"after": after})
-"""
-
 
 # -- fixtures ------------------------------------------------------------------------
 
 
 @pytest.fixture
 def cgroup() -> Iterator[Path]:
-    """A child cgroup of the v2 hierarchy, removed after the test (its processes, if a
-    failure left any, killed first)."""
-    path = CGROUP2 / f"xdplb-socklbd-{os.getpid()}-{uuid.uuid4().hex[:8]}"
-    path.mkdir()
-    try:
+    with child_cgroup("socklbd") as path:
         yield path
-    finally:
-        for pid in (path / "cgroup.procs").read_text().split():
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(int(pid), signal.SIGKILL)
-        wait_for(
-            lambda: (path / "cgroup.procs").read_text().split(),
-            "cgroup empty",
-            until=lambda p: not p,
-        )
-        path.rmdir()
 
 
 class Servers:
@@ -288,8 +210,7 @@ def daemon(netns: str, cgroup: Path, servers: Servers, tmp_path: Path) -> Iterat
 
 
 def client(ns: str, cg: Path, mode: str, port: int, n: int) -> dict[str, Any]:
-    params = json.dumps({"addr": VIP, "port": port, "n": n})
-    done = netns_mod.run(ns, [sys.executable, "-c", CLIENT, str(cg), mode, params], timeout=30)
+    done = netns_mod.run(ns, argv(cg, mode, addr=VIP, port=port, n=n), timeout=30)
     result: dict[str, Any] = json.loads(done.stdout.splitlines()[-1])
     return result
 
@@ -357,21 +278,14 @@ def test_daemon_balances_sockets_by_its_tables_and_health(
         # Connected UDP sockets on every backend; then b2's health check fails.
         hold = netns_mod.popen(
             netns,
-            [
-                sys.executable,
-                "-c",
-                CLIENT,
-                str(cgroup),
-                "hold",
-                json.dumps({"addr": VIP, "port": UDP_PORT, "n": 60}),
-            ],
+            argv(cgroup, "hold", addr=VIP, port=UDP_PORT, connected=60, unconnected=0),
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             text=True,
         )
         try:
             assert hold.stdout is not None and hold.stdin is not None
-            held = json.loads(hold.stdout.readline())["names"]
+            held = [name for name, _peer in json.loads(hold.stdout.readline())["connected"]]
             assert "b2" in held, held
             destroyed_before = lb.events()[SockLbEvent.DESTROYED]
             servers.fail_check("b2")
@@ -386,7 +300,8 @@ def test_daemon_balances_sockets_by_its_tables_and_health(
             )
             hold.stdin.write("\n")
             hold.stdin.flush()
-            after = json.loads(hold.stdout.readline())["after"]
+            answers = json.loads(hold.stdout.readline())["connected"]
+            after = [(name, pending) for name, (pending, _got) in zip(held, answers, strict=True)]
         finally:
             hold.kill()
             hold.wait()

@@ -9,7 +9,8 @@
   back), the router's routes over netlink, which node's session table carries a flow,
   what the flows went through (UDP flows, streams resumed or broken, tallies)
 - packets: GUE / IPIP packets as lb_xdp builds them
-- pytest_plugin: the ``lab`` fixture
+- pytest_plugin: the ``lab`` fixture, and ``netns`` (a bare namespace for the socket tier)
+- cgroup_clients: a child cgroup, and clients that join it (socket-level balancing)
 - browser: :class:`~xdplb.lab.browser.Browser`, headless Chromium in a namespace (status page tests)
 - lbnode, agents, apps, traffic, paced, listeners, flood: the daemon, agents, servers and
   clients of a lab run; demo (``make demo``) and soak (``make soak``) are runs of their own
