@@ -47,6 +47,7 @@ from typing import Any
 from xdplb.datapath import sock_lb
 from xdplb.datapath.sock_lb import Endpoint, SockLb
 from xdplb.lab import Lab, cleanup_stale
+from xdplb.lab.cgroup_clients import child_cgroup
 from xdplb.lab.host import attach_host
 from xdplb.lab.lbnode import LbNode
 from xdplb.lab.topology import CLIENT_MTU
@@ -58,9 +59,6 @@ VIP = "198.18.100.1"
 UDP_PORT = 53
 IPERF_PORT = 5201
 MODES = ("routing", "nftables", "lb_xdp", "lb_tc", "sock_lb")
-#: The cgroup v2 mount (this machine mounts v1 controllers at /sys/fs/cgroup).
-CGROUP2 = Path("/sys/fs/cgroup/unified")
-CGROUP_PREFIX = "xdplb-hooksbench-"
 #: The client's source address in ``sock_lb`` (in the lab's segment): see sock_lb_routes.
 SOCK_LB_SOURCE = "198.18.0.201"
 #: Seconds a client keeps its iperf3 backend under sock_lb: longer than a row.
@@ -126,33 +124,6 @@ def servers(lab: Lab, workdir: Path) -> Iterator[None]:
                 p.kill()
 
 
-def remove_stale_cgroups() -> None:
-    """Empty cgroups left by a bench process that is gone (killed before its cleanup)."""
-    for cg in CGROUP2.glob(f"{CGROUP_PREFIX}*"):
-        pid = cg.name.removeprefix(CGROUP_PREFIX)
-        if pid.isdigit() and not Path(f"/proc/{pid}").exists():
-            try:
-                cg.rmdir()
-            except OSError:  # still has processes: not ours to kill
-                continue
-
-
-@contextmanager
-def cgroup() -> Iterator[Path]:
-    """A cgroup v2 child for the client's processes; removed once they are all gone."""
-    path = CGROUP2 / f"{CGROUP_PREFIX}{os.getpid()}"
-    path.mkdir()
-    try:
-        yield path
-    finally:
-        wait_for(
-            lambda: (path / "cgroup.procs").read_text().split(),
-            "the bench cgroup empty",
-            until=lambda procs: not procs,
-        )
-        path.rmdir()
-
-
 def services(lab: Lab) -> list[Service]:
     """sock_lb's services: the VIP's HTTP, UDP echo and iperf3 ports over the three
     backends, weights 1; iperf3 with client affinity (its control and data connections
@@ -200,7 +171,7 @@ def mode(lab: Lab, name: str, workdir: Path) -> Iterator[Path | None]:
     if name == "sock_lb":
         instance = f"{lab.prefix}-socklb"
         lab.pin_root("socklb")  # removed at the lab's teardown if detach never ran
-        with sock_lb_routes(lab), cgroup() as cg:
+        with sock_lb_routes(lab), child_cgroup("hooksbench") as cg:
             try:
                 with SockLb(instance) as balancer:
                     balancer.attach(cg)
@@ -394,7 +365,6 @@ def run(seconds: float, only: tuple[str, ...], rounds: int) -> dict[str, list[di
     """Every mode once a round, the order reversed every other round (the machine's
     drift falls on both ends alike); mode -> its rows, one per round."""
     cleanup_stale()
-    remove_stale_cgroups()
     results: dict[str, list[dict[str, Any]]] = {m: [] for m in only}
     with tempfile.TemporaryDirectory() as tmp, Lab() as lab:
         for b in lab.backends:
