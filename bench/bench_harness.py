@@ -449,7 +449,7 @@ class Harness:
         """One measured run of ``iterations`` through the wrapper, then every check."""
         case = self.cases[name]
         problems: list[str] = []
-        flood_map = self.lb.obj.maps.get("lb_flood")
+        flood_map = self.lb.xdp_object.maps.get("lb_flood")
         if flood_map is not None and case.prog == "lb":
             # A fresh insert budget: a flood case before may have left it spent.
             flood_map.update(_ZERO, bytes(flood_map.value_stride))
@@ -459,7 +459,7 @@ class Harness:
         first = self._arm(case)
         lb_case = case.prog == "lb"
         before = self._lb_counters() if lb_case else {}
-        flood = self.lb.obj.maps.get("lb_flood") if case.new_flows else None
+        flood = self.lb.xdp_object.maps.get("lb_flood") if case.new_flows else None
         if case.capture:
             if self.capture is None:
                 raise InvalidCase(name, ["this build of lb_xdp has no capture maps"])

@@ -141,7 +141,7 @@ def test_new_flow_flood_is_balanced_but_not_recorded(harness: bh.Harness) -> Non
     budget, n = 12_500, 20_000
     case = harness.cases["ipv4_new_flow"]
     first = harness._arm(case)
-    flood = harness.lb.obj.map("lb_flood")
+    flood = harness.lb.xdp_object.map("lb_flood")
     flood.update(bytes(4), bytes(flood.value_stride))  # a fresh window
     before = harness._lb_counters()
     # One test_run call: 20,000 new flows in ~15 ms, well inside one window.

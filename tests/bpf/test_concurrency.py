@@ -294,11 +294,11 @@ def _events(lb: LbDatapath) -> dict[str, int]:
 
 
 def _checked(lb: LbDatapath) -> int:
-    return sum(_percpu(lb.obj.map("lb_check"), 0))
+    return sum(_percpu(lb.xdp_object.map("lb_check"), 0))
 
 
 def _torn_hits(lb: LbDatapath) -> int:
-    return sum(_percpu(lb.obj.map("lb_check"), 1))
+    return sum(_percpu(lb.xdp_object.map("lb_check"), 1))
 
 
 def check_import_is_used(lb: LbDatapath, f: RaceFlow) -> None:

@@ -601,19 +601,17 @@ class LbDatapath(LbMaps):
         os.chmod(self.pin_root, 0o700)  # pins are root's business only
         self.pin_dir.mkdir(parents=True, exist_ok=True)
         os.chmod(self.pin_dir, 0o700)
+        self._obj_path = path
+        self._lim = lim
         try:
-            self.obj = BpfObject.load(
-                path,
-                pin_root=self.pin_dir,
-                max_entries=limits.map_sizes(lim) if lim is not None else None,
-            )
+            # The maps only: the program is verified when an interface runs it (the
+            # verifier's pass is most of a start, and veth runs lb_tc instead).
+            self.obj = self._load(path, programs=())
         except PinnedSizeError as e:
             name, pinned, wanted = e.mismatches[0]
             raise limits.PinnedSizeMismatch(name, pinned, wanted).error(instance) from None
-        self.program: Program = self.obj.program("lb_xdp")
-        self._obj_path = path
-        self._lim = lim
-        #: lb_tc, loaded on the first interface that runs it: the same maps (by their pins).
+        #: lb_xdp and lb_tc, each loaded on the first use: the same maps (by their pins).
+        self._xdp_obj: BpfObject | None = None
         self._tc_obj: BpfObject | None = None
         # MAP_NAMES, plus whichever sized maps (ACLs, rate limit) this object has.
         names = [*MAP_NAMES, *(n for n in limits.SIZED_MAPS if n in self.obj.maps)]
@@ -622,16 +620,34 @@ class LbDatapath(LbMaps):
     def link_path(self, ifname: str, hook: Hook = Hook.XDP) -> Path:
         return self.pin_root / paths.LINKS_DIR / link_name(hook, ifname)
 
+    def _load(self, path: Path, programs: tuple[str, ...]) -> BpfObject:
+        return BpfObject.load(
+            path,
+            pin_root=self.pin_dir,
+            max_entries=limits.map_sizes(self._lim) if self._lim is not None else None,
+            programs=programs,
+        )
+
+    @property
+    def xdp_object(self) -> BpfObject:
+        """lb_xdp's object with its program, loaded now if it is not yet. Its unpinned
+        maps (per-CPU caches, a test build's checks) are the program's own; :attr:`obj`
+        has copies of them that no program uses."""
+        if self._xdp_obj is None:
+            self._xdp_obj = self._load(self._obj_path, programs=("lb_xdp",))
+        return self._xdp_obj
+
+    @property
+    def program(self) -> Program:
+        """lb_xdp (loaded now if it is not yet)."""
+        return self.xdp_object.program("lb_xdp")
+
     def hook_program(self, hook: Hook) -> Program:
-        """lb_xdp, or lb_tc (loaded now if it is not yet, its maps the pinned ones)."""
+        """lb_xdp or lb_tc, loaded now if it is not yet, its maps the pinned ones."""
         if hook is Hook.XDP:
             return self.program
         if self._tc_obj is None:
-            self._tc_obj = BpfObject.load(
-                tc_object(self._obj_path),
-                pin_root=self.pin_dir,
-                max_entries=limits.map_sizes(self._lim) if self._lim is not None else None,
-            )
+            self._tc_obj = self._load(tc_object(self._obj_path), programs=("lb_tc",))
         return self._tc_obj.program("lb_tc")
 
     def attach(self, ifname: str, hook: Hook = Hook.XDP, mode: XdpMode = XdpMode.NATIVE) -> bool:
@@ -678,8 +694,9 @@ class LbDatapath(LbMaps):
 
     def close(self) -> None:
         super().close()
-        if self._tc_obj is not None:
-            self._tc_obj.close()
+        for obj in (self._xdp_obj, self._tc_obj):
+            if obj is not None:
+                obj.close()
         self.obj.close()
 
 

@@ -81,6 +81,7 @@ struct bpf_program *bpf_object__next_program(const struct bpf_object *obj,
 struct bpf_map *bpf_object__next_map(const struct bpf_object *obj, const struct bpf_map *map);
 const char *bpf_program__name(const struct bpf_program *prog);
 int bpf_program__fd(const struct bpf_program *prog);
+int bpf_program__set_autoload(struct bpf_program *prog, _Bool autoload);
 const char *bpf_map__name(const struct bpf_map *map);
 int bpf_map__fd(const struct bpf_map *map);
 int bpf_map__set_max_entries(struct bpf_map *map, __u32 max_entries);

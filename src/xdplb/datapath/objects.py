@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -49,7 +49,9 @@ class BpfObject(Closing):
         prog = lib.bpf_object__next_program(obj, ffi.NULL)
         while prog != ffi.NULL:
             name = ffi.string(lib.bpf_program__name(prog)).decode()
-            self.programs[name] = Program.from_fd(lib.bpf_program__fd(prog), name)
+            fd = lib.bpf_program__fd(prog)
+            if fd >= 0:  # programs left out of the load (autoload off) have no fd
+                self.programs[name] = Program.from_fd(fd, name)
             prog = lib.bpf_object__next_program(obj, prog)
         m = lib.bpf_object__next_map(obj, ffi.NULL)
         while m != ffi.NULL:
@@ -65,12 +67,14 @@ class BpfObject(Closing):
         path: StrPath,
         pin_root: StrPath | None = None,
         max_entries: Mapping[str, int] | None = None,
+        programs: Collection[str] | None = None,
     ) -> BpfObject:
         """Open and load ``path``. Maps declared LIBBPF_PIN_BY_NAME are pinned under
         ``pin_root`` (created if missing), or reused with their contents if already
         pinned there; without ``pin_root`` nothing is pinned. ``max_entries`` (map name
         -> size) overrides the object's sizes; names the object does not have are
-        ignored, so one table serves every object.
+        ignored, so one table serves every object. ``programs``: load only these (None:
+        every one); ``()`` creates and pins the maps without a verifier pass.
         Raises LoadError with errno and the libbpf/verifier log, or PinnedSizeError
         (nothing loaded) when a pinned map it would reuse has another size: libbpf
         would refuse to reuse it."""
@@ -91,6 +95,8 @@ class BpfObject(Closing):
                 if root is None:
                     _unpin(obj)
                 _set_sizes(obj, max_entries or {})
+                if programs is not None:
+                    _select_programs(obj, programs)
             except BaseException:
                 lib.bpf_object__close(obj)
                 raise
@@ -132,6 +138,20 @@ class BpfObject(Closing):
 
     def __repr__(self) -> str:
         return f"BpfObject({str(self.path)!r}, programs={sorted(self.programs)})"
+
+
+def _select_programs(obj: Any, names: Collection[str]) -> None:
+    """Load only the programs ``names`` (KeyError for a name the object lacks)."""
+    have = set()
+    prog = lib.bpf_object__next_program(obj, ffi.NULL)
+    while prog != ffi.NULL:
+        name = ffi.string(lib.bpf_program__name(prog)).decode()
+        have.add(name)
+        if lib.bpf_program__set_autoload(prog, name in names) < 0:
+            raise XdplbError(f"cannot set autoload of program {name}")
+        prog = lib.bpf_object__next_program(obj, prog)
+    if missing := set(names) - have:
+        raise KeyError(f"the object has no program {sorted(missing)}: {sorted(have)}")
 
 
 def _unpin(obj: Any) -> None:
