@@ -22,7 +22,7 @@ from xdplb.datapath.links import Link
 from xdplb.lab import Lab, cleanup_stale
 from xdplb.lab.cluster import bgp_section, wait_route
 from xdplb.lab.host import attach_host
-from xdplb.lab.lbnode import LbNode
+from xdplb.lab.lbnode import LbNode, start_nodes
 from xdplb.lab.traffic import http_post
 from xdplb.lab.wait import wait_for
 
@@ -60,8 +60,7 @@ def nodes(cluster: Lab, tmp_path: Path) -> Iterator[list[LbNode]]:
         for n in cluster.lbs
     ]
     try:
-        for n in made:
-            n.start()
+        start_nodes(made)
         yield made
     finally:
         for n in made:

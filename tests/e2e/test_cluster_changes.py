@@ -40,7 +40,7 @@ from xdplb.lab.cluster import (
     wait_route,
 )
 from xdplb.lab.cluster_flows import ADDED, PREFIXES, REMOVED, VIPS, Flows, cluster, summary, vips
-from xdplb.lab.lbnode import LbNode
+from xdplb.lab.lbnode import LbNode, start_nodes
 
 pytestmark = pytest.mark.e2e
 
@@ -52,8 +52,7 @@ def test_a_fourth_node_joining(tmp_path: Path) -> None:
             for n in lab.lbs
         ]
         old, new = nodes[:3], nodes[3]
-        for n in old:
-            n.start()
+        start_nodes(old)
         wait_route(lab, PREFIXES, lab.lbs[:3], "three nodes in the route")
         flows = Flows(lab, stack)
         before = flows.carriers(old, lab.lbs[:3], flows.t_start)
@@ -97,8 +96,7 @@ def test_backends_changed_while_a_node_is_out(tmp_path: Path, rebuilt: bool) -> 
         nodes = [
             LbNode(lab, tmp_path, vips(lab, first), node=n, bgp=bgp_section(lab)) for n in lab.lbs
         ]
-        for n in nodes:
-            n.start()
+        start_nodes(nodes)
         wait_route(lab, PREFIXES, lab.lbs, "every node in the route")
         assert table_differences(nodes) == []
         out = nodes[1]

@@ -42,7 +42,7 @@ from xdplb.lab.cluster import (
     wait_route,
 )
 from xdplb.lab.host import attach_host
-from xdplb.lab.lbnode import LbNode
+from xdplb.lab.lbnode import LbNode, start_nodes
 from xdplb.lab.paced import PacedStreams
 from xdplb.lab.wait import wait_for
 
@@ -84,8 +84,7 @@ def nodes(cluster: Lab, tmp_path_factory: pytest.TempPathFactory) -> Iterator[li
         LbNode(cluster, tmp, vips(cluster), node=n, bgp=bgp_section(cluster)) for n in cluster.lbs
     ]
     try:
-        for n in made:
-            n.start()
+        start_nodes(made)
         yield made
     finally:
         for n in made:
@@ -95,9 +94,7 @@ def nodes(cluster: Lab, tmp_path_factory: pytest.TempPathFactory) -> Iterator[li
 @pytest.fixture
 def ready(cluster: Lab, nodes: list[LbNode]) -> list[LbNode]:
     """Every node up and in the route (a failed test may have left one out)."""
-    for n in nodes:
-        if n.proc is None or n.proc.poll() is not None:
-            n.start()
+    start_nodes([n for n in nodes if n.proc is None or n.proc.poll() is not None])
     wait_route(cluster, list(VIPS.values()), cluster.lbs, "every node in the route")
     assert table_differences(nodes) == []  # what lets a moved flow keep its backend
     return nodes

@@ -32,7 +32,7 @@ from xdplb import model
 from xdplb.core import abi
 from xdplb.lab import Lab, cleanup_stale
 from xdplb.lab.host import attach_host
-from xdplb.lab.lbnode import LbNode
+from xdplb.lab.lbnode import LbNode, start_nodes
 from xdplb.lab.traffic import EchoStream, ExchangeError, http_post
 from xdplb.lab.wait import wait_for
 
@@ -99,8 +99,7 @@ def run_scenario(lab: Lab, workdir: Path, table: str) -> Outcome:
     first = {"b1": 1, "b2": 1, "b3": 1}
     nodes_at = lab.backends if lab.colocated else ["lb"]
     nodes = [LbNode(lab, workdir, vips(lab, table, first), node=n) for n in nodes_at]
-    for node in nodes:
-        node.start()
+    start_nodes(nodes)
     out = Outcome()
     client = lab.ns("client")
     streams = [EchoStream.open(client, VIP, 7, src_port=p) for p in range(30000, 30000 + STREAMS)]

@@ -18,7 +18,7 @@ from xdplb.lab import Lab, cleanup_stale
 from xdplb.lab.cluster import SYNC_KEY, SYNC_PORT, bgp_section, wait_route
 from xdplb.lab.etcd import Etcd
 from xdplb.lab.host import attach_host
-from xdplb.lab.lbnode import LbNode
+from xdplb.lab.lbnode import LbNode, start_nodes
 from xdplb.lab.traffic import http_post
 from xdplb.lab.wait import wait_for
 
@@ -58,8 +58,7 @@ def fleet(lab: Lab, tmp_path: Path) -> Iterator[tuple[Etcd, list[LbNode]]]:
         for n in lab.lbs
     ]
     try:
-        for n in nodes:
-            n.start()
+        start_nodes(nodes)
         yield etcd, nodes
     finally:
         for n in nodes:

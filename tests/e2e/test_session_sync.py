@@ -39,7 +39,7 @@ from xdplb.lab.cluster import (
     wait_route,
 )
 from xdplb.lab.cluster_flows import ADDED, PREFIXES, UDP, VIPS, Flows, Kind, cluster, vips
-from xdplb.lab.lbnode import LbNode
+from xdplb.lab.lbnode import LbNode, start_nodes
 from xdplb.lab.router import route_nexthops
 from xdplb.lab.topology import Lab
 from xdplb.lab.wait import wait_for
@@ -84,10 +84,7 @@ class Events:
             LbNode(lab, tmp, node=n, **node_config(lab, n, self.first, sync)) for n in lab.lbs
         ]
         self.in_route = self.nodes[:3]
-        for n in self.in_route:
-            n.start(wait=False)
-        for n in self.in_route:
-            n.wait_applied(30)
+        start_nodes(self.in_route)
         wait_route(lab, PREFIXES, [n.node for n in self.in_route], "three nodes in the route")
         self.flows = Flows(lab, stack)
         self.broken: dict[str, dict[Kind, int]] = {}
@@ -318,8 +315,7 @@ def test_a_session_in_use_stays_alive_everywhere_and_a_dead_one_expires_everywhe
             cfg = node_config(lab, n, lab.backends, True)
             cfg["sync"]["refresh_interval"] = 0.5
             nodes.append(LbNode(lab, tmp_path, node=n, sessions={"udp_timeout": timeout}, **cfg))
-        for node in nodes:
-            node.start()
+        start_nodes(nodes)
         wait_route(lab, PREFIXES, lab.lbs, "both nodes in the route")
         flows = UdpFlows(lab, vip, 8, UDP)
         stack.callback(flows.close)

@@ -112,6 +112,7 @@ def node_config(
             f"  neighbor {p.address} as {p.asn};",
             f"  hold time {timers.hold_time};",
             f"  keepalive time {max(1, timers.hold_time // 3)};",
+            "  connect delay time 1;",
             "  connect retry time 1;",
             "  error wait time 1, 4;",
             f"  bfd {'on' if p.bfd else 'off'};",

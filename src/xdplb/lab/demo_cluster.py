@@ -40,7 +40,7 @@ from xdplb.lab.cluster import (
     wait_route,
 )
 from xdplb.lab.host import attach_host
-from xdplb.lab.lbnode import LbNode
+from xdplb.lab.lbnode import LbNode, start_nodes
 from xdplb.lab.paced import PacedStreams
 from xdplb.lab.traffic import http_post
 from xdplb.lab.wait import wait_for
@@ -100,8 +100,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             )
             for n in lab.lbs
         ]
-        for n in nodes:
-            n.start()
+        start_nodes(nodes)
         wait_route(lab, [VIP], lab.lbs, "the router routing the VIP over every node")
         with RouteReader(lab) as routes:
             say(f"router: {VIP} via {', '.join(routes.nexthops(VIP))} (one multipath route)\n")

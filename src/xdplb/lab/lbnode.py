@@ -94,6 +94,13 @@ class LbNode:
         """Start the daemon (``xdplb run`` with ``args`` too) and wait until the maps hold
         this configuration (``wait``: not when load feedback rewrites the weights: the
         caller knows what to wait for)."""
+        self.launch(args)
+        self._wait_serving(timeout)
+        if wait:
+            self.wait_applied(timeout)
+
+    def launch(self, args: Sequence[str] = ()) -> None:
+        """Start the daemon and return at once (:func:`start_nodes` waits for several)."""
         if self.proc is not None and self.proc.poll() is None:
             raise LabError("the LB daemon is already running")
         log = self.log_path.open("ab")
@@ -106,9 +113,6 @@ class LbNode:
             env=env,
         )
         log.close()
-        self._wait_serving(timeout)
-        if wait:
-            self.wait_applied(timeout)
 
     def env(self) -> dict[str, str]:
         """The environment of the daemon and of :meth:`cli`: ``XDPLB_LB_OBJECT`` as
@@ -293,3 +297,14 @@ def run_files(instance: str) -> list[Path]:
     run = paths.run_dir()
     admin = [run / f"{instance}.admin.json", run / f"{instance}.admin.tmp"]
     return [paths.pid_file(instance), paths.api_socket(instance), *admin]
+
+
+def start_nodes(nodes: Sequence[LbNode], timeout: float = 30.0) -> None:
+    """Start every node's daemon at once, then wait until each serves its configuration
+    (what :meth:`LbNode.start` does for one, without the daemons waiting in turn)."""
+    for n in nodes:
+        n.launch()
+    for n in nodes:
+        n._wait_serving(timeout)
+    for n in nodes:
+        n.wait_applied(timeout)

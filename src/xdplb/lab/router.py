@@ -46,6 +46,7 @@ def router_config(lab: Lab, log_file: Path, timers: Timers) -> str:
                 f"  neighbor {lab.addr(name, fam)} as {NODE_ASN};",
                 f"  hold time {timers.hold_time};",
                 f"  keepalive time {max(1, timers.hold_time // 3)};",
+                "  connect delay time 1;",
                 "  connect retry time 1;",
                 "  error wait time 1, 4;",
                 "  bfd on;",
