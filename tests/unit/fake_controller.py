@@ -23,6 +23,7 @@ from xdplb.control.status import (
     BackendStatus,
     ClusterStatus,
     ConnTableStatus,
+    SocketLbStatus,
     Status,
     VipStatus,
 )
@@ -84,6 +85,8 @@ class FakeController:
     refuse_reload: list[str] = field(default_factory=list)
     #: The node's cluster view (None: no bgp section).
     cluster_view: ClusterStatus | None = None
+    #: sock_lb's view (None: no socket_lb section).
+    socket_lb_view: SocketLbStatus | None = None
     lock: threading.Lock = field(default_factory=threading.Lock)
 
     def __post_init__(self) -> None:
@@ -157,6 +160,7 @@ class FakeController:
                 for scope, (a, d, n) in self.acl_hits.items()
             ],
             cluster=self.cluster_view,
+            socket_lb=self.socket_lb_view,
         )
 
     def cluster(self) -> ClusterStatus | None:

@@ -21,6 +21,8 @@ from xdplb.control.status import (
     BgpSession,
     BgpStatus,
     ClusterStatus,
+    SocketLbService,
+    SocketLbStatus,
     Status,
     VipStatus,
 )
@@ -522,3 +524,44 @@ def test_cluster_view_and_its_metrics(client: TestClient, fake: FakeController) 
 
 def test_no_cluster_metrics_without_bgp(client: TestClient) -> None:
     assert "xdplb_bgp_" not in client.get("/metrics").text
+
+
+SOCKET_LB = SocketLbStatus(
+    cgroup="/sys/fs/cgroup/clients",
+    attached=True,
+    services=[
+        SocketLbService(
+            name="198.18.100.1:80/tcp",
+            address="198.18.100.1",
+            port=80,
+            protocol="tcp",
+            backends=3,
+            backends_up=2,
+            table_size=65537,
+        )
+    ],
+    events={"connect": 120, "sendmsg": 0, "no_backend": 4},
+)
+
+
+def test_socket_lb_in_the_status_and_its_metrics(client: TestClient, fake: FakeController) -> None:
+    assert client.get("/api/v1/status").json()["socket_lb"] is None
+    assert "xdplb_socklb_" not in client.get("/metrics").text
+
+    fake.socket_lb_view = SOCKET_LB
+    st = Status.model_validate(client.get("/api/v1/status").json())
+    assert st.socket_lb == SOCKET_LB
+    got = samples(client.get("/metrics").text)
+    vip = ("vip", "198.18.100.1:80/tcp")
+
+    def s(name: str, *labels: tuple[str, str]) -> float:
+        return got[(name, frozenset(labels))]
+
+    assert s("xdplb_socklb_attached") == 1
+    assert s("xdplb_socklb_backends", vip) == 3
+    assert s("xdplb_socklb_backends_up", vip) == 2
+    assert s("xdplb_socklb_events_total", ("event", "connect")) == 120
+    assert s("xdplb_socklb_events_total", ("event", "no_backend")) == 4
+
+    fake.socket_lb_view = SOCKET_LB.model_copy(update={"attached": False})
+    assert samples(client.get("/metrics").text)[("xdplb_socklb_attached", frozenset())] == 0

@@ -27,6 +27,8 @@ from xdplb.control.status import (
     BgpStatus,
     ClusterStatus,
     FleetNode,
+    SocketLbService,
+    SocketLbStatus,
     Status,
     StoreStatus,
     SyncPeerStatus,
@@ -211,6 +213,41 @@ def test_status_through_the_api(served: Served) -> None:
     code, out, _ = xdplb("status", "--json")
     assert code == EXIT_OK
     assert Status.model_validate_json(out) == served.fake.status()
+
+
+def test_status_shows_socket_lb_when_configured(served: Served) -> None:
+    _, out, _ = xdplb("status")
+    assert "socket_lb" not in out
+    served.fake.socket_lb_view = SocketLbStatus(
+        cgroup="/sys/fs/cgroup/clients",
+        attached=False,
+        services=[
+            SocketLbService(
+                name=name,
+                address="198.18.100.1",
+                port=80,
+                protocol=proto,
+                backends=3,
+                backends_up=up,
+                table_size=size,
+            )
+            for name, proto, up, size in (
+                ("198.18.100.1:80/tcp", "tcp", 2, 65537),
+                ("198.18.100.1:80/udp", "udp", 0, None),
+            )
+        ],
+        events={"connect": 120, "no_backend": 4},
+    )
+    code, out, _ = xdplb("status")
+    assert code == EXIT_OK
+    assert out.splitlines()[-4:] == [
+        "socket_lb on /sys/fs/cgroup/clients: NOT ATTACHED",
+        "  TCP  198.18.100.1:80         2/3 backends up, table 65537",
+        "  UDP  198.18.100.1:80         0/3 backends up, table -  NO BACKEND UP",
+        "socket_lb events: connect 120  no_backend 4",
+    ]
+    code, out, _ = xdplb("status", "--json")
+    assert Status.model_validate_json(out).socket_lb == served.fake.socket_lb_view
 
 
 WHY = "probe of 198.18.100.1:80/tcp: to 198.18.0.13, the tables say to 198.18.0.11"

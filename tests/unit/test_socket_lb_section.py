@@ -1,8 +1,10 @@
 """The configuration's ``socket_lb`` section: what it accepts, the field it names when it
-refuses, and the services the daemon hands sock_lb from the XDP tier's tables."""
+refuses, the services the daemon hands sock_lb from the XDP tier's tables, and the
+status it reads back from sock_lb's maps (a stub of SockLb whose maps are its last plan)."""
 
 from __future__ import annotations
 
+import collections
 import ipaddress
 import socket
 from pathlib import Path
@@ -12,10 +14,20 @@ import pytest
 
 from xdplb.config import Config, parse_config
 from xdplb.control.overlay import Effective
+from xdplb.control.status import SocketLbService, SocketLbStatus
 from xdplb.core import abi
 from xdplb.core.errors import ConfigError
-from xdplb.daemon.socket_lb import services
-from xdplb.datapath.sock_lb import Endpoint
+from xdplb.daemon import socket_lb
+from xdplb.daemon.socket_lb import SocketBalancer, services
+from xdplb.datapath.sock_lb import (
+    ApplyResult,
+    Endpoint,
+    Plan,
+    ServiceKey,
+    ServiceState,
+    SockLbError,
+    SockLbEvent,
+)
 from xdplb.sockets.socklb_plan import Backend
 
 pytestmark = pytest.mark.unit
@@ -129,3 +141,107 @@ def test_an_endpoint_is_down_only_when_every_vip_naming_it_sees_it_down() -> Non
     assert udp.backends[1] == Backend(ep(B2, 80), 2, up=True)
     tcp, udp = services(effective(cfg, {"10.96.0.10:80/tcp": {B2}, "10.96.0.10:80/udp": {B2}}))
     assert tcp.backends[1] == udp.backends[1] == Backend(ep(B2, 80), 0, up=False)
+
+
+class StubSockLb:
+    """SockLb without a kernel: its maps hold the last plan applied (ids planned afresh
+    each time), its counters what the test sets."""
+
+    def __init__(self, instance: str) -> None:
+        self.plan: Plan | None = None
+        self.linked = False
+        self.fail = False
+        self.counts = dict.fromkeys(SockLbEvent, 0)
+
+    def attach(self, cgroup: Path) -> None:
+        self.linked = True
+
+    def attached(self) -> bool:
+        return self.linked
+
+    def current(self) -> tuple[dict[ServiceKey, int], dict[Endpoint, tuple[int, bool]]]:
+        return {}, {}
+
+    def apply(self, p: Plan) -> ApplyResult:
+        if self.fail:
+            raise SockLbError("the kernel said no")
+        self.plan = p
+        return ApplyResult(plan=p, destroyed=())
+
+    def services(self) -> list[ServiceState]:
+        p = self.plan
+        if p is None:
+            return []
+        return [
+            ServiceState(
+                *key,
+                id=sid,
+                table_size=value.table_size,
+                affinity_ns=value.affinity_ns,
+                buckets={
+                    p.endpoints[bid]: n
+                    for bid, n in collections.Counter(
+                        (table if table is not None else []).tolist()
+                    ).items()
+                },
+            )
+            for key, (sid, value, table) in p.services.items()
+        ]
+
+    def events(self) -> dict[SockLbEvent, int]:
+        return dict(self.counts)
+
+    def close(self) -> None:
+        pass
+
+
+def svc(proto: str, up: int, table_size: int | None = 1009) -> SocketLbService:
+    return SocketLbService(
+        name=f"10.96.0.10:80/{proto}",
+        address="10.96.0.10",
+        port=80,
+        protocol=proto,
+        backends=2,
+        backends_up=up,
+        table_size=table_size,
+    )
+
+
+def test_the_status_says_what_sock_lbs_maps_hold_for_the_vips_it_balances(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(socket_lb, "SockLb", StubSockLb)
+    (tmp_path / "cgroup.procs").touch()
+    sb = SocketBalancer("t", tmp_path)
+    lb = sb.lb
+    assert isinstance(lb, StubSockLb)
+    none = dict.fromkeys((e.name.lower() for e in SockLbEvent), 0)
+    assert sb.status() == SocketLbStatus(
+        cgroup=str(tmp_path), attached=False, services=[], events=none
+    )
+
+    cfg = parse_config(doc({"cgroup": str(tmp_path), "vips": ["10.96.0.10:80/udp"]}))
+    sb.on_planned(effective(cfg, {}))
+    sb.attach()
+    lb.counts[SockLbEvent.CONNECT] = 7
+    lb.counts[SockLbEvent.NO_BACKEND] = 2
+    st = sb.status()
+    assert st == SocketLbStatus(
+        cgroup=str(tmp_path),
+        attached=True,
+        services=[svc("udp", 2)],
+        events={**none, "connect": 7, "no_backend": 2},
+    )
+
+    # Backends up are those its table holds: B2 down leaves it.
+    sb.on_planned(effective(cfg, {"10.96.0.10:80/udp": {B2}}))
+    assert sb.status().services == [svc("udp", 1)]
+
+    # A VIP the maps do not hold (applying failed): listed, no table, nothing up.
+    every = parse_config(doc({"cgroup": str(tmp_path)}))
+    lb.fail = True
+    sb.on_planned(effective(every, {}))
+    assert sb.status().services == [svc("tcp", 0, None), svc("udp", 1)]
+    lb.fail = False
+    sb.on_planned(effective(every, {}))
+    assert sb.status().services == [svc("tcp", 2), svc("udp", 2)]

@@ -20,6 +20,7 @@ from xdplb.control.status import (
     BackendStatus,
     ClusterStatus,
     MapStatus,
+    SocketLbStatus,
     Status,
     SyncStatus,
     VipStatus,
@@ -279,6 +280,20 @@ def print_status(st: Status) -> None:
     acl = [h for h in st.acl if h.scope != "global" or h.allow or h.deny or h.default]
     for h in acl:
         typer.echo(f"acl {h.scope}: allow {h.allow}  deny {h.deny}  default {h.default}")
+    if st.socket_lb is not None:
+        for line in socket_lb_lines(st.socket_lb):
+            typer.echo(line)
+
+
+def socket_lb_lines(sl: SocketLbStatus) -> Iterator[str]:
+    """sock_lb: its cgroup and hooks, each VIP's backends in its table, its counters."""
+    yield f"socket_lb on {sl.cgroup}: {'attached' if sl.attached else 'NOT ATTACHED'}"
+    for s in sl.services:
+        name = f"{s.protocol.upper():<4} {_host(s.address)}:{s.port}"
+        up = f"{s.backends_up}/{s.backends} backends up"
+        none = "  NO BACKEND UP" if not s.backends_up else ""
+        yield f"  {name:<28} {up}, table {_opt(s.table_size)}{none}"
+    yield from _wrapped("socket_lb events:", [f"{k} {n}" for k, n in sl.events.items()])
 
 
 def _wrapped(head: str, items: list[str], width: int = 100) -> Iterator[str]:

@@ -53,6 +53,7 @@ from xdplb.control.status import (
     DaemonView,
     Health,
     MapsView,
+    SocketLbStatus,
     Status,
     StoreStatus,
     SyncStatus,
@@ -153,6 +154,8 @@ class Runtime:
         self.bgp_view: Callable[[], BgpStatus | None] = lambda: None
         self.store_view: Callable[[], StoreStatus | None] = lambda: None
         self.sync_view: Callable[[], SyncStatus | None] = lambda: None
+        #: Set by the daemon: sock_lb's view (with a socket_lb section), for the status.
+        self.socket_lb_view: Callable[[], SocketLbStatus | None] = lambda: None
         #: Interface -> why it runs at its hook (xdplb status).
         self.hook_why: dict[str, str] = {}
         self.dirty = False
@@ -792,4 +795,5 @@ class Runtime:
             upgrade=self.upgrade_report,
             hook_why=dict(self.hook_why),
             cluster=self.cluster(),
+            socket_lb=self.socket_lb_view(),
         )

@@ -276,6 +276,35 @@ class ClusterStatus(_Out):
     sync: SyncStatus | None = None
 
 
+class SocketLbService(_Out):
+    """A VIP sock_lb balances at the socket: how many of its backends its table holds."""
+
+    name: str
+    """The VIP's name (``10.96.0.10:80/tcp``)."""
+    address: str
+    port: int
+    protocol: str
+    backends: int
+    """Backends of the VIP (each at the VIP's port)."""
+    backends_up: int
+    """Of those, the ones that own buckets of its table in sock_lb's maps now: up, with a
+    weight, not drained (all of the last live ones while every backend is down)."""
+    table_size: int | None
+    """Buckets of its table in sock_lb's maps; None: not in the maps (applying failed)."""
+
+
+class SocketLbStatus(_Out):
+    """Socket-level balancing of the daemon's VIPs (docs/sock_lb.md), as its maps say."""
+
+    cgroup: str
+    attached: bool
+    """Every hook is attached to ``cgroup`` (its link pinned)."""
+    services: list[SocketLbService]
+    """The VIPs ``socket_lb`` selects, in the configuration's order."""
+    events: dict[str, int]
+    """``socklb_events``, summed over CPUs (docs/sock_lb.md, "Counters")."""
+
+
 class Status(_Out):
     source: Source
     instance: str
@@ -314,6 +343,9 @@ class Status(_Out):
     (docs/operations.md, "Upgrades"); empty if it found none."""
     cluster: ClusterStatus | None = None
     """With a ``bgp`` section: the node's announcements, BGP sessions and self-checks."""
+    socket_lb: SocketLbStatus | None = None
+    """With a ``socket_lb`` section: sock_lb's cgroup, hooks, services and counters; None
+    from the pins."""
 
 
 # -- the builder's inputs ----------------------------------------------------------------
@@ -405,6 +437,7 @@ class DaemonView:
     #: Interface -> why its hook (configured, or what ``auto`` saw).
     hook_why: Mapping[str, str] = field(default_factory=dict)
     cluster: ClusterStatus | None = None
+    socket_lb: SocketLbStatus | None = None
 
 
 # -- the builder -------------------------------------------------------------------------
@@ -521,6 +554,7 @@ def build(maps: MapsView, daemon: DaemonView | None = None) -> Status:
         last_reload_error=daemon.last_reload_error if daemon is not None else None,
         upgrade=list(daemon.upgrade) if daemon is not None else [],
         cluster=daemon.cluster if daemon is not None else None,
+        socket_lb=daemon.socket_lb if daemon is not None else None,
     )
 
 

@@ -246,6 +246,7 @@ class Daemon:
                 # Loaded before the first plan, which fills its maps; attached after it.
                 self.socket_lb = SocketBalancer(rt.instance, sl.cgroup)
                 rt.on_planned = self.socket_lb.on_planned
+                rt.socket_lb_view = self.socket_lb.status
             rt.start()  # an upgrade copies the session table here (docs/operations.md)
             if self.socket_lb is not None:
                 self.socket_lb.attach()

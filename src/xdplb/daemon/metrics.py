@@ -25,7 +25,15 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.registry import Collector
 
 from xdplb.control.interface import Controller
-from xdplb.control.status import Admin, BgpStatus, Health, Status, StoreStatus, SyncStatus
+from xdplb.control.status import (
+    Admin,
+    BgpStatus,
+    Health,
+    SocketLbStatus,
+    Status,
+    StoreStatus,
+    SyncStatus,
+)
 
 log = logging.getLogger("xdplb.daemon.metrics")
 
@@ -209,6 +217,8 @@ def families(st: Status) -> Iterator[Metric]:
         yield from store_families(st.cluster.store)
     if st.cluster is not None and st.cluster.sync is not None:
         yield from sync_families(st.cluster.sync)
+    if st.socket_lb is not None:
+        yield from socket_lb_families(st.socket_lb)
 
 
 def bgp_families(st: Status, cl: BgpStatus) -> Iterator[Metric]:
@@ -336,6 +346,36 @@ def sync_families(sync: SyncStatus) -> Iterator[Metric]:
         "Subscribers dropped for falling too far behind",
         sync.overflows,
     )
+
+
+def socket_lb_families(sl: SocketLbStatus) -> Iterator[Metric]:
+    """With a socket_lb section: sock_lb's hooks, each VIP's backends in its tables, and
+    its counters."""
+    yield GaugeMetricFamily(
+        "xdplb_socklb_attached",
+        "1 if every sock_lb hook is attached to the socket_lb cgroup",
+        int(sl.attached),
+    )
+    backends = GaugeMetricFamily(
+        "xdplb_socklb_backends", "Backends of the VIP sock_lb balances", labels=["vip"]
+    )
+    up = GaugeMetricFamily(
+        "xdplb_socklb_backends_up",
+        "Backends that own buckets of the VIP's table in sock_lb's maps (up, with a weight)",
+        labels=["vip"],
+    )
+    for s in sl.services:
+        backends.add_metric([s.name], s.backends)
+        up.add_metric([s.name], s.backends_up)
+    yield from (backends, up)
+    events = CounterMetricFamily(
+        "xdplb_socklb_events",
+        "Outcomes sock_lb counted, by name (connect, sendmsg: rewrites; no_backend: refused)",
+        labels=["event"],
+    )
+    for event, n in sorted(sl.events.items()):
+        events.add_metric([event], n)
+    yield events
 
 
 class Metrics:

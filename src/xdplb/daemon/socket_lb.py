@@ -17,6 +17,7 @@ from pathlib import Path
 
 from xdplb.config import Config, Protocol, TableKindName
 from xdplb.control.overlay import Effective
+from xdplb.control.status import SocketLbService, SocketLbStatus, vip_name
 from xdplb.core.closing import Closing
 from xdplb.core.errors import ConfigError, XdplbError
 from xdplb.datapath.sock_lb import Endpoint, SockLb
@@ -26,6 +27,7 @@ from xdplb.sockets.socklb_plan import Backend, Service
 log = logging.getLogger("xdplb.daemon.socket_lb")
 
 _PROTO = {Protocol.TCP: socket.IPPROTO_TCP, Protocol.UDP: socket.IPPROTO_UDP}
+_PROTO_NAME = {n: p for p, n in _PROTO.items()}
 
 
 def services(eff: Effective) -> list[Service]:
@@ -76,6 +78,8 @@ class SocketBalancer(Closing):
             raise ConfigError("socket_lb.cgroup", f"{cgroup} is not a cgroup v2 directory")
         self.cgroup = cgroup
         self.lb = SockLb(instance)
+        #: The services of the latest plan, and of the latest one applied.
+        self._wanted: list[Service] = []
         self._last: list[Service] | None = None
 
     def attach(self) -> None:
@@ -92,7 +96,7 @@ class SocketBalancer(Closing):
             log.warning(
                 "socket_lb: stays on %s until a restart (asked: %s)", self.cgroup, sl.cgroup
             )
-        wanted = services(eff)
+        wanted = self._wanted = services(eff)
         if wanted == self._last:
             return  # most plans change nothing here: the tables are not rebuilt for them
         try:
@@ -110,6 +114,32 @@ class SocketBalancer(Closing):
                 ", ".join(down) or "-",
                 len(result.destroyed),
             )
+
+    def status(self) -> SocketLbStatus:
+        """The services of the latest plan, each with its backends up and its table size
+        as sock_lb's maps hold them, the hooks and the counters (``Status.socket_lb``)."""
+        held = {(s.address, s.port, s.proto): s for s in self.lb.services()}
+        out = []
+        for svc in self._wanted:
+            state = held.get(svc.key)
+            proto = _PROTO_NAME[svc.proto]
+            out.append(
+                SocketLbService(
+                    name=vip_name(svc.address, svc.port, proto),
+                    address=str(svc.address),
+                    port=svc.port,
+                    protocol=str(proto),
+                    backends=len(svc.backends),
+                    backends_up=len(state.buckets) if state is not None else 0,
+                    table_size=state.table_size if state is not None else None,
+                )
+            )
+        return SocketLbStatus(
+            cgroup=str(self.cgroup),
+            attached=self.lb.attached(),
+            services=out,
+            events={e.name.lower(): n for e, n in self.lb.events().items()},
+        )
 
     def close(self) -> None:
         self.lb.close()
