@@ -17,6 +17,7 @@ from xdplb.control.overlay import Effective
 from xdplb.control.status import SocketLbService, SocketLbStatus
 from xdplb.core import abi
 from xdplb.core.errors import ConfigError
+from xdplb.core.limits import SOCKLB_MAX_BACKENDS, SOCKLB_MAX_SERVICES
 from xdplb.daemon import socket_lb
 from xdplb.daemon.socket_lb import SocketBalancer, services
 from xdplb.datapath.sock_lb import (
@@ -89,6 +90,39 @@ def test_a_bad_value_names_its_field(
         parse_config(doc(socket_lb, **vip))
     assert e.value.field == field
     assert message in str(e.value)
+
+
+def test_more_services_or_endpoints_than_sock_lb_holds_are_refused() -> None:
+    def many(n: int, backends_per_vip: int, **socket_lb: Any) -> dict[str, Any]:
+        return {
+            "tunnel": {"source_v4": "127.0.0.1"},
+            "limits": {"vips": 1024, "backends": 8192},
+            "vips": [
+                {
+                    "address": f"10.96.{i // 250}.{i % 250 + 1}",
+                    "port": 80,
+                    "backends": [
+                        {"address": f"10.{100 + i // 250}.{i % 250}.{j + 1}"}
+                        for j in range(backends_per_vip)
+                    ],
+                }
+                for i in range(n)
+            ],
+            "socket_lb": {"cgroup": "/cg", **socket_lb},
+        }
+
+    assert parse_config(many(SOCKLB_MAX_SERVICES, 1)).socket_lb is not None
+    with pytest.raises(ConfigError) as e:
+        parse_config(many(SOCKLB_MAX_SERVICES + 1, 1))
+    assert e.value.field == "socket_lb" and "at most 256" in str(e.value)
+    # Naming the VIPs to balance brings it back under.
+    named = many(SOCKLB_MAX_SERVICES + 1, 1, vips=["10.96.0.1:80/tcp"])
+    assert parse_config(named).socket_lb is not None
+    # 17 VIPs of 250 backends each: 4,250 endpoints, past 4,096.
+    with pytest.raises(ConfigError) as e:
+        parse_config(many(17, 250))
+    assert e.value.field == "socket_lb" and "4250 backend endpoints" in str(e.value)
+    assert SOCKLB_MAX_BACKENDS == 4096
 
 
 def test_a_vip_not_balanced_at_the_socket_may_mix_families() -> None:

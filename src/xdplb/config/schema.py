@@ -44,6 +44,7 @@ from xdplb.config.health import HealthCheckConfig
 from xdplb.core import abi, paths
 from xdplb.core.addresses import IPAddress, IPNetwork
 from xdplb.core.errors import ConfigError
+from xdplb.core.limits import SOCKLB_MAX_BACKENDS, SOCKLB_MAX_SERVICES
 from xdplb.core.state import DEFAULT_TIMEOUTS, timeout_ticks
 
 
@@ -883,7 +884,22 @@ class Config(_Model):
                 raise FieldError(f"socket_lb.vips[{i}]", f"no VIP {name!r} in vips")
             if not vip.port:
                 raise FieldError(f"socket_lb.vips[{i}]", f"VIP {name} has no port to rewrite")
-        selected = {id(v) for v in self.socket_lb.selected(self.vips)}
+        balanced = self.socket_lb.selected(self.vips)
+        where = "socket_lb.vips" if self.socket_lb.vips is not None else "socket_lb"
+        if len(balanced) > SOCKLB_MAX_SERVICES:
+            raise FieldError(
+                where,
+                f"{len(balanced)} VIPs balanced at the socket: sock_lb holds at most "
+                f"{SOCKLB_MAX_SERVICES} (name the ones to balance in socket_lb.vips)",
+            )
+        endpoints = {(b.address, v.port) for v in balanced for b in v.backends}
+        if len(endpoints) > SOCKLB_MAX_BACKENDS:
+            raise FieldError(
+                where,
+                f"{len(endpoints)} backend endpoints (address, port) balanced at the "
+                f"socket: sock_lb holds at most {SOCKLB_MAX_BACKENDS}",
+            )
+        selected = {id(v) for v in balanced}
         for i, vip in enumerate(self.vips):
             if id(vip) not in selected:
                 continue

@@ -19,6 +19,11 @@ from typing import Protocol
 from xdplb.core import abi
 from xdplb.core.errors import ConfigError
 
+#: sock_lb's fixed map sizes (bpf/include/sock_lb_abi.h; tests/bpf/test_sock_lb_abi.py
+#: checks them against the object): not configurable, checked by the configuration.
+SOCKLB_MAX_SERVICES = 256
+SOCKLB_MAX_BACKENDS = 4096
+
 
 class Limits(Protocol):
     """The sizes ``limits:`` sets (:class:`xdplb.config.LimitsConfig` is one): what this

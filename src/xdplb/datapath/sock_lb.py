@@ -31,7 +31,7 @@ from pathlib import Path
 import numpy as np
 import numpy.typing as npt
 
-from xdplb.core import paths
+from xdplb.core import limits, paths
 from xdplb.core.abi import AbiStruct
 from xdplb.core.addresses import IPAddress
 from xdplb.core.closing import Closing
@@ -43,8 +43,8 @@ from xdplb.datapath.objects import BpfObject
 
 #: Mirrors of bpf/include/sock_lb_abi.h (checked against the object's BTF by
 #: tests/bpf/test_sock_lb_abi.py).
-MAX_SERVICES = 256
-MAX_BACKENDS = 4096
+MAX_SERVICES = limits.SOCKLB_MAX_SERVICES
+MAX_BACKENDS = limits.SOCKLB_MAX_BACKENDS
 FAMILY_V4 = 4
 FAMILY_V6 = 6
 
