@@ -188,27 +188,53 @@ socklb_pick(const struct socklb_svc *svc, __u64 cookie, __u64 netns, __u32 *be_i
 	return be;
 }
 
-/* The address a sock_addr hook was given, in the ABI's form. */
-static __always_inline void socklb_ctx_addr(const struct bpf_sock_addr *ctx, __u8 family,
-					    __u32 addr[4], __u16 *port)
+/*
+ * An IPv4-mapped IPv6 address (::ffff:a.b.c.d), which a dual-stack IPv6
+ * socket (IPV6_V6ONLY off, Java's default) uses for an IPv4 peer, is made
+ * the IPv4 address it maps.  Returns the address's family from now on.
+ */
+static __always_inline __u8 socklb_unmap(__u32 addr[4], __u8 family)
 {
-	if (family == SOCKLB_FAMILY_V4) {
-		addr[0] = ctx->user_ip4;
-	} else {
-		addr[0] = ctx->user_ip6[0];
-		addr[1] = ctx->user_ip6[1];
-		addr[2] = ctx->user_ip6[2];
-		addr[3] = ctx->user_ip6[3];
-	}
-	*port = (__u16)ctx->user_port;	/* network order in the low half */
+	if (family != SOCKLB_FAMILY_V6 || addr[0] || addr[1] || addr[2] != bpf_htonl(0xffff))
+		return family;
+	addr[0] = addr[3];
+	addr[1] = 0;
+	addr[2] = 0;
+	addr[3] = 0;
+	return SOCKLB_FAMILY_V4;
 }
 
-static __always_inline void socklb_set_ctx_addr(struct bpf_sock_addr *ctx, __u8 family,
-						const __u32 addr[4], __u16 port)
+/*
+ * The address a sock_addr hook of @hook_family was given, in the ABI's form;
+ * returns its family (IPv4 for a mapped address in an IPv6 hook).
+ */
+static __always_inline __u8 socklb_ctx_addr(const struct bpf_sock_addr *ctx, __u8 hook_family,
+					    __u32 addr[4], __u16 *port)
+{
+	*port = (__u16)ctx->user_port;	/* network order in the low half */
+	if (hook_family == SOCKLB_FAMILY_V4) {
+		addr[0] = ctx->user_ip4;
+		return SOCKLB_FAMILY_V4;
+	}
+	addr[0] = ctx->user_ip6[0];
+	addr[1] = ctx->user_ip6[1];
+	addr[2] = ctx->user_ip6[2];
+	addr[3] = ctx->user_ip6[3];
+	return socklb_unmap(addr, SOCKLB_FAMILY_V6);
+}
+
+/* An address of @family into a hook of @hook_family (mapped if they differ). */
+static __always_inline void socklb_set_ctx_addr(struct bpf_sock_addr *ctx, __u8 hook_family,
+						__u8 family, const __u32 addr[4], __u16 port)
 {
 	/* The context only takes 4-byte stores to these fields. */
-	if (family == SOCKLB_FAMILY_V4) {
+	if (hook_family == SOCKLB_FAMILY_V4) {
 		ctx->user_ip4 = addr[0];
+	} else if (family == SOCKLB_FAMILY_V4) {
+		ctx->user_ip6[0] = 0;
+		ctx->user_ip6[1] = 0;
+		ctx->user_ip6[2] = bpf_htonl(0xffff);
+		ctx->user_ip6[3] = addr[0];
 	} else {
 		ctx->user_ip6[0] = addr[0];
 		ctx->user_ip6[1] = addr[1];
@@ -224,7 +250,7 @@ static __always_inline void socklb_set_ctx_addr(struct bpf_sock_addr *ctx, __u8 
  * (a service with no backend up: better an error now than a connection to
  * an address nobody serves).
  */
-static __always_inline int socklb_redirect(struct bpf_sock_addr *ctx, __u8 family,
+static __always_inline int socklb_redirect(struct bpf_sock_addr *ctx, __u8 hook_family,
 					   enum socklb_event ev)
 {
 	struct socklb_svc_key key = {};
@@ -235,8 +261,9 @@ static __always_inline int socklb_redirect(struct bpf_sock_addr *ctx, __u8 famil
 	struct socklb_rev *old;
 	__u32 be_id = 0;
 	__u64 cookie;
+	__u8 family;
 
-	socklb_ctx_addr(ctx, family, key.addr, &key.port);
+	family = socklb_ctx_addr(ctx, hook_family, key.addr, &key.port);
 	key.proto = ctx->protocol;
 	key.family = family;
 	svc = bpf_map_lookup_elem(&socklb_services, &key);
@@ -266,7 +293,7 @@ static __always_inline int socklb_redirect(struct bpf_sock_addr *ctx, __u8 famil
 			socklb_count(SOCKLB_EV_REV_FAILED);
 	}
 
-	socklb_set_ctx_addr(ctx, family, be->addr, be->port);
+	socklb_set_ctx_addr(ctx, hook_family, family, be->addr, be->port);
 	socklb_count(ev);
 	return 1;
 }
@@ -276,19 +303,18 @@ static __always_inline int socklb_redirect(struct bpf_sock_addr *ctx, __u8 famil
  * reached through a service reads as the service's.  Always returns 1 (the
  * only verdict these hooks allow).
  */
-static __always_inline int socklb_unredirect(struct bpf_sock_addr *ctx, __u8 family,
+static __always_inline int socklb_unredirect(struct bpf_sock_addr *ctx, __u8 hook_family,
 					     enum socklb_event ev)
 {
 	struct socklb_rev_key rk = {};
 	struct socklb_rev *rv;
 
-	socklb_ctx_addr(ctx, family, rk.addr, &rk.port);
-	rk.family = family;
+	rk.family = socklb_ctx_addr(ctx, hook_family, rk.addr, &rk.port);
 	rk.cookie = bpf_get_socket_cookie(ctx);
 	rv = bpf_map_lookup_elem(&socklb_rev, &rk);
 	if (!rv)
 		return 1;
-	socklb_set_ctx_addr(ctx, family, rv->addr, rv->port);
+	socklb_set_ctx_addr(ctx, hook_family, rv->family, rv->addr, rv->port);
 	socklb_count(ev);
 	return 1;
 }
@@ -313,7 +339,7 @@ static __always_inline int socklb_check_bind(const struct bpf_sock *sk, __u8 fam
 	}
 	key.port = bpf_htons((__u16)sk->src_port);	/* src_port is in host order */
 	key.proto = sk->protocol;
-	key.family = family;
+	key.family = socklb_unmap(key.addr, family);
 	if (!bpf_map_lookup_elem(&socklb_services, &key))
 		return 1;
 	socklb_count(SOCKLB_EV_BIND_REFUSED);
@@ -390,7 +416,7 @@ static __always_inline bool socklb_doomed(const struct sock_common *skc, __u64 *
 		rk.addr[1] = skc->skc_v6_daddr.in6_u.u6_addr32[1];
 		rk.addr[2] = skc->skc_v6_daddr.in6_u.u6_addr32[2];
 		rk.addr[3] = skc->skc_v6_daddr.in6_u.u6_addr32[3];
-		rk.family = SOCKLB_FAMILY_V6;
+		rk.family = socklb_unmap(rk.addr, SOCKLB_FAMILY_V6);
 	} else {
 		return false;
 	}
