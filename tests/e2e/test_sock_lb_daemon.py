@@ -2,7 +2,8 @@
 clients in a cgroup, backends on loopback addresses. Clients reach the VIPs' backends by
 the configured weights and see only the VIP; a backend whose health check fails gets no
 new connection and the UDP sockets connected to it are reset; a reload changes the
-weights."""
+weights. The daemon's status and metrics say where sock_lb is attached, how many backends
+each VIP's table holds, and what sock_lb counted."""
 
 from __future__ import annotations
 
@@ -20,7 +21,10 @@ from typing import Any
 
 import pytest
 import yaml
+from prometheus_client.parser import text_string_to_metric_families
 
+from xdplb.cli.client import Client
+from xdplb.control.status import SocketLbStatus
 from xdplb.core import paths
 from xdplb.daemon.main import read_pid
 from xdplb.datapath import sock_lb
@@ -256,20 +260,53 @@ def wait_tables(lb: SockLb, weights: dict[str, int], daemon: Daemon) -> None:
     )
 
 
+def socket_lb_status(api: Client) -> SocketLbStatus:
+    st = api.status().socket_lb
+    assert st is not None
+    return st
+
+
+def backends_up(api: Client) -> dict[str, tuple[int, int]]:
+    """VIP name -> (backends up, backends), as the daemon's status says."""
+    return {s.name: (s.backends_up, s.backends) for s in socket_lb_status(api).services}
+
+
+def socklb_events(api: Client) -> dict[str, float]:
+    """``xdplb_socklb_events_total`` by event, from the daemon's metrics."""
+    text = api.request("GET", "/metrics").text
+    return {
+        s.labels["event"]: s.value
+        for fam in text_string_to_metric_families(text)
+        for s in fam.samples
+        if s.name == "xdplb_socklb_events_total"
+    }
+
+
 # -- the test ----------------------------------------------------------------------------
 
 
 def test_daemon_balances_sockets_by_its_tables_and_health(
     netns: str, cgroup: Path, servers: Servers, daemon: Daemon
 ) -> None:
-    with SockLb(netns) as lb:
+    tcp_vip, udp_vip = f"{VIP}:{TCP_PORT}/tcp", f"{VIP}:{UDP_PORT}/udp"
+    with SockLb(netns) as lb, Client(netns) as api:
         wait_tables(lb, {"b1": 1, "b2": 1, "b3": 2}, daemon)
         assert lb.attached()
+        st = socket_lb_status(api)
+        assert (st.cgroup, st.attached) == (str(cgroup), True)
+        assert [(s.name, s.table_size) for s in st.services] == [
+            (tcp_vip, TABLE_SIZE),
+            (udp_vip, TABLE_SIZE),
+        ]
+        assert backends_up(api) == {tcp_vip: (3, 3), udp_vip: (3, 3)}
+        connects = socklb_events(api)["connect"]
 
         # Every backend by weight; the application sees only the VIP.
         tcp = client(netns, cgroup, "tcp", TCP_PORT, FLOWS)
         udp = client(netns, cgroup, "udp", UDP_PORT, FLOWS)
         assert tcp["errors"] == {} and udp["errors"] == {}
+        # Each TCP flow was one connect() sock_lb rewrote (the UDP ones are sendto()).
+        assert socklb_events(api)["connect"] - connects >= FLOWS
         assert_shares(tcp["names"], {"b1": 1, "b2": 1, "b3": 2})
         assert_shares(udp["names"], {"b1": 1, "b2": 1, "b3": 2})
         assert tcp["peers"] == {f"{VIP} {TCP_PORT}": FLOWS}
@@ -290,6 +327,7 @@ def test_daemon_balances_sockets_by_its_tables_and_health(
             destroyed_before = lb.events()[SockLbEvent.DESTROYED]
             servers.fail_check("b2")
             wait_tables(lb, {"b1": 1, "b3": 2}, daemon)
+            assert backends_up(api) == {tcp_vip: (2, 3), udp_vip: (2, 3)}
             # The daemon destroys b2's connected sockets right after the tables change.
             wait_for(
                 lambda: lb.events()[SockLbEvent.DESTROYED] - destroyed_before,

@@ -286,6 +286,9 @@ class SockLb(Closing):
         self.pin_dir.mkdir(parents=True, exist_ok=True)
         os.chmod(self.pin_dir, 0o700)  # pins are root's business only
         self.obj = BpfObject.load(obj_path or paths.bpf_object(OBJECT), pin_root=self.pin_dir)
+        #: Inner map id -> backend id -> buckets, of the tables the last apply wrote: a
+        #: daemon that dropped CAP_SYS_ADMIN cannot read them back by id.
+        self._owners: dict[int, dict[int, int]] = {}
 
     @property
     def links_dir(self) -> Path:
@@ -372,6 +375,7 @@ class SockLb(Closing):
         for key, value in shrinking.items():
             svc_map.update(_svc_key(*key).pack(), value.pack())
         tables = self.map("socklb_tables")
+        written = []
         for sid, _, table in p.services.values():
             if table is None:
                 tables.delete(_u32(sid))
@@ -381,6 +385,8 @@ class SockLb(Closing):
             ) as inner:
                 inner.update_array(table)
                 tables.update(_u32(sid), _u32(inner.fd))
+                self._owners[inner.id] = _owners(table)
+                written.append(inner.id)
         for key, (_, value, _) in p.services.items():
             if key not in shrinking:
                 svc_map.update(_svc_key(*key).pack(), value.pack())
@@ -392,6 +398,7 @@ class SockLb(Closing):
             tables.delete(_u32(sid))
         for bid in p.removed_backends:
             backends.update(_u32(bid), BackendValue().pack())
+        self._owners = {i: self._owners[i] for i in written}  # the maps hold these alone
         destroyed = self.destroy_connected() if p.went_down else ()
         return ApplyResult(plan=p, destroyed=destroyed)
 
@@ -410,7 +417,7 @@ class SockLb(Closing):
             k = SvcKey.from_buffer_copy(key)
             v = SvcValue.from_buffer_copy(value)
             buckets: dict[Endpoint, int] = {}
-            for bid, n in _table_counts(self.map("socklb_tables"), v.id).items():
+            for bid, n in self._table_owners(v.id).items():
                 if bid in by_id:
                     buckets[by_id[bid]] = n
             out.append(
@@ -426,6 +433,27 @@ class SockLb(Closing):
             )
         return sorted(out, key=lambda s: s.id)
 
+    def _table_owners(self, sid: int) -> dict[int, int]:
+        """Backend id -> buckets, of service ``sid``'s table ({} when it has none)."""
+        raw = self.map("socklb_tables").lookup(_u32(sid))
+        if raw is None:
+            return {}
+        map_id = struct.unpack("<I", raw[:4])[0]
+        if map_id in self._owners:
+            return self._owners[map_id]
+        # A table this process did not write: read it by id (CAP_SYS_ADMIN: the CLI, or
+        # the daemon before it drops its capabilities, xdplb.daemon.privileges).
+        try:
+            with Map.from_id(map_id) as inner:
+                words = inner.lookup_array()
+        except BpfError as e:
+            # ENOENT: replaced by a concurrent apply; EPERM: written by another process
+            # after the daemon dropped CAP_SYS_ADMIN (its next apply replaces it).
+            if e.errno in (errno.ENOENT, errno.EPERM):
+                return {}
+            raise
+        return _owners(np.frombuffer(words, dtype=np.uint32))
+
     def events(self) -> dict[SockLbEvent, int]:
         return events(self.map("socklb_events"))
 
@@ -433,23 +461,10 @@ class SockLb(Closing):
         self.obj.close()
 
 
-def _table_counts(tables: Map, sid: int) -> dict[int, int]:
-    """Backend id -> buckets, of service ``sid``'s table ({} when it has none)."""
-    raw = tables.lookup(_u32(sid))
-    if raw is None:
-        return {}
-    map_id = struct.unpack("<I", raw[:4])[0]
-    try:
-        with Map.from_id(map_id) as inner:
-            words = inner.lookup_array()
-    except BpfError as e:
-        if e.errno == errno.ENOENT:  # replaced by a concurrent apply
-            return {}
-        raise
-    counts: dict[int, int] = {}
-    for (bid,) in struct.iter_unpack("<I", words):
-        counts[bid] = counts.get(bid, 0) + 1
-    return counts
+def _owners(table: U32Array) -> dict[int, int]:
+    """Backend id -> buckets of a table (backend ids, one a bucket)."""
+    ids, n = np.unique(table, return_counts=True)
+    return dict(zip(ids.tolist(), n.tolist(), strict=True))
 
 
 def events(m: Map) -> dict[SockLbEvent, int]:
