@@ -361,6 +361,39 @@ def test_pins_outlive_the_process_and_detach_removes_them(netns: str, cgroup: Pa
     assert "sock_lb" not in out.stdout
 
 
+def test_attaching_to_another_cgroup_moves_every_hook(
+    netns: str, servers: Servers, cgroup: Path
+) -> None:
+    """A daemon restarted with another ``socket_lb.cgroup`` (here: a second load): the
+    hooks leave the first cgroup, whose clients reach the service address itself again."""
+    try:
+        with child_cgroup("socklb-moved") as other:
+            with SockLb(netns) as first:
+                first.attach(cgroup)
+                apply(first, services())
+                assert first.attached(cgroup) and not first.attached(other)
+            before = client(netns, cgroup, "tcp", addr=str(SVC4), port=TCP_PORT, n=20)
+            assert before["errors"] == {} and set(before["names"]) <= set(BACKENDS4)
+
+            with SockLb(netns) as second:
+                second.attach(other)
+                assert second.attached(other) and not second.attached(cgroup)
+                moved = client(netns, other, "tcp", addr=str(SVC4), port=TCP_PORT, n=20)
+                left = client(netns, cgroup, "tcp", addr=str(SVC4), port=TCP_PORT, n=5)
+            assert moved["errors"] == {} and set(moved["names"]) <= set(BACKENDS4)
+            assert left == {"names": {}, "peers": {}, "errors": {"ECONNREFUSED": 5}}
+            # One link per hook, none left behind by the move.
+            links = sorted(p.name for p in (sock_lb.pin_dir(netns) / "links").iterdir())
+            assert links == sorted(name for name, _ in sock_lb.HOOKS)
+            shown = subprocess.run(
+                ["bpftool", "cgroup", "show", str(cgroup)], capture_output=True, text=True
+            )
+            assert "sock_lb" not in shown.stdout
+            sock_lb.detach(netns)
+    finally:
+        sock_lb.detach(netns)
+
+
 def test_cli_attach_apply_status_detach(
     netns: str, servers: Servers, cgroup: Path, tmp_path: Path
 ) -> None:

@@ -190,7 +190,7 @@ class StubSockLb:
     def attach(self, cgroup: Path) -> None:
         self.linked = True
 
-    def attached(self) -> bool:
+    def attached(self, cgroup: Path | None = None) -> bool:
         return self.linked
 
     def current(self) -> tuple[dict[ServiceKey, int], dict[Endpoint, tuple[int, bool]]]:

@@ -136,7 +136,7 @@ class SocketBalancer(Closing):
             )
         return SocketLbStatus(
             cgroup=str(self.cgroup),
-            attached=self.lb.attached(),
+            attached=self.lb.attached(self.cgroup),
             services=out,
             events={e.name.lower(): n for e, n in self.lb.events().items()},
         )

@@ -56,15 +56,25 @@ class Link(Closing):
         """Id of the program the link runs now (0 once detached)."""
         return int(obj_info(self._fd, "bpf_link_info", "bpf_obj_get_info_by_fd(link)").prog_id)
 
+    def _union(self, size: int) -> bytes:
+        """The first ``size`` bytes of the raw ``struct bpf_link_info``'s per-type union,
+        which starts at byte 16."""
+        buf = ffi.new("unsigned char[]", 64)
+        length = ffi.new("__u32 *", 64)
+        check(lib.bpf_obj_get_info_by_fd(self._fd, buf, length), "bpf_obj_get_info_by_fd(link)")
+        return bytes(buf[16 : 16 + size])
+
     @property
     def xdp_ifindex(self) -> int:
-        """The interface an XDP or tcx link drives; 0 once detached. Read from the raw
-        ``struct bpf_link_info``: its union (``xdp.ifindex``, ``tcx.ifindex`` first)
-        starts at byte 16."""
-        buf = ffi.new("unsigned char[]", 64)
-        size = ffi.new("__u32 *", 64)
-        check(lib.bpf_obj_get_info_by_fd(self._fd, buf, size), "bpf_obj_get_info_by_fd(link)")
-        return int.from_bytes(bytes(buf[16:20]), sys.byteorder)
+        """The interface an XDP or tcx link drives (``xdp.ifindex``, ``tcx.ifindex``);
+        0 once detached."""
+        return int.from_bytes(self._union(4), sys.byteorder)
+
+    @property
+    def cgroup_id(self) -> int:
+        """The cgroup a cgroup link is attached to (``cgroup.cgroup_id``: the inode of its
+        directory in the v2 hierarchy); 0 once detached."""
+        return int.from_bytes(self._union(8), sys.byteorder)
 
     def pin(self, path: StrPath) -> None:
         """Pin in bpffs: the attachment then outlives this process."""

@@ -301,31 +301,53 @@ class SockLb(Closing):
 
     def attach(self, cgroup: Path) -> None:
         """Attach every hook to the cgroup v2 directory ``cgroup`` as a pinned bpf_link
-        (processes in it and its descendants are balanced). Attached already: the
-        programs are swapped in place (bpf_link_update), in whatever cgroup that is."""
+        (processes in it and its descendants are balanced). A hook attached there
+        already gets its program swapped in place (bpf_link_update); one attached to
+        another cgroup moves: the new link is made first, then the old one goes."""
         self.links_dir.mkdir(exist_ok=True)
         fd = os.open(cgroup, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
-        made: list[Path] = []
+        target = os.fstat(fd).st_ino  # a v2 cgroup's id
+        made: list[tuple[Path, Path]] = []  # (new link's pin, the pin it replaces)
         try:
             for name, attach_type in HOOKS:
                 prog = self.obj.program(name)
                 pin = self.links_dir / name
                 if pin.exists():
                     with Link.from_pinned(pin) as link:
-                        link.update_program(prog)
-                    continue
+                        if link.cgroup_id == target:
+                            link.update_program(prog)
+                            continue
+                new = pin.with_name(f"moving_{name}")  # bpffs refuses dots in names
                 with attach_link(prog, fd, attach_type, f"cgroup {cgroup}") as link:
-                    link.pin(pin)
-                    made.append(pin)
+                    link.pin(new)
+                    made.append((new, pin))
         except BaseException:
-            for pin in made:  # all hooks or none: half a balancer rewrites without replies
-                _unlink_link(pin)
+            for new, _ in made:  # all hooks or none: half a balancer rewrites without replies
+                _unlink_link(new)
             raise
         finally:
             os.close(fd)
+        for new, pin in made:
+            if pin.exists():  # attached elsewhere before: it leaves that cgroup now
+                _unlink_link(pin)
+            new.rename(pin)
 
-    def attached(self) -> bool:
-        return all((self.links_dir / name).exists() for name, _ in HOOKS)
+    def attached(self, cgroup: Path | None = None) -> bool:
+        """Every hook attached (to ``cgroup``, if given)."""
+        pins = [self.links_dir / name for name, _ in HOOKS]
+        if not all(p.exists() for p in pins):
+            return False
+        if cgroup is None:
+            return True
+        try:
+            want = os.stat(cgroup).st_ino
+        except OSError:
+            return False
+        for p in pins:
+            with Link.from_pinned(p) as link:
+                if link.cgroup_id != want:
+                    return False
+        return True
 
     # -- the state ---------------------------------------------------------------
 
