@@ -342,7 +342,8 @@ class Status(_Out):
     """What the daemon's start copied from the pins of another layout, a line per pass
     (docs/operations.md, "Upgrades"); empty if it found none."""
     cluster: ClusterStatus | None = None
-    """With a ``bgp`` section: the node's announcements, BGP sessions and self-checks."""
+    """With a ``bgp``, ``cluster`` or ``sync`` section: the node's announcements, BGP
+    sessions and self-checks, its place in the fleet's store, and session sync."""
     socket_lb: SocketLbStatus | None = None
     """With a ``socket_lb`` section: sock_lb's cgroup, hooks, services and counters; None
     from the pins."""
