@@ -245,11 +245,19 @@ def carriers(
     nodes: Sequence[LbNode], keys: Iterable[bytes], max_age: float = 1.0
 ) -> dict[bytes, str | None]:
     """For each flow key, the node whose session of the flow saw a packet last, if that
-    was within ``max_age`` seconds (None: no node saw one so recently)."""
+    was within ``max_age`` seconds (None: no node saw one so recently).
+
+    Sessions count in jiffies (4 ms at HZ=250): when the newest sessions of a flow on
+    several nodes saw it in the same tick, the flow was on each of them at its last
+    moment (a flow that broke as its route moved: the data went one way, the ACK the
+    other), and their names are joined by ``+``, which names no node."""
     out: dict[bytes, str | None] = {}
     for k, ages in session_ages(nodes, keys).items():
-        node, age = min(ages.items(), key=lambda na: na[1], default=(None, 0.0))
-        out[k] = node if age <= max_age else None
+        newest = min(ages.values(), default=None)
+        if newest is None or newest > max_age:
+            out[k] = None
+        else:
+            out[k] = "+".join(sorted(n for n, age in ages.items() if age == newest))
     return out
 
 

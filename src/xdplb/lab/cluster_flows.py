@@ -101,7 +101,8 @@ class Flows:
         """The node of every flow: the newest of its sessions that saw a packet after
         ``since`` (time.monotonic()), once every flow that did not break has one on a node
         of ``names`` (the UDP flows exchange first, so their newest session is of now). A
-        flow that broke is where its last packet went."""
+        flow that broke is where its last packet went (the nodes joined by ``+`` if its
+        last packets went to several in one tick: it moved)."""
         live = [
             k
             for kind, ks in self.keys.items()
