@@ -41,6 +41,7 @@ from contextlib import ExitStack, contextmanager
 from pathlib import Path
 from typing import Any
 
+from xdplb.core import paths
 from xdplb.datapath import sock_lb
 from xdplb.datapath.sock_lb import Endpoint, SockLb
 from xdplb.lab import netns
@@ -49,7 +50,6 @@ from xdplb.lab.wait import wait_for
 from xdplb.sockets import socklb_plan
 from xdplb.sockets.socklb_plan import Backend, Service
 
-CGROUP2 = Path("/sys/fs/cgroup/unified")
 VIP = "10.96.0.10"
 CLIENT_ADDR = "10.231.0.1"
 #: name -> (address, weight)
@@ -157,7 +157,7 @@ def backends(server: str, workdir: Path) -> Iterator[None]:
 
 @contextmanager
 def cgroup() -> Iterator[Path]:
-    path = CGROUP2 / f"xdplb-socklb-bench-{uuid.uuid4().hex[:8]}"
+    path = paths.cgroup2_root() / f"xdplb-socklb-bench-{uuid.uuid4().hex[:8]}"
     path.mkdir()
     try:
         yield path

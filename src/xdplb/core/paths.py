@@ -24,6 +24,21 @@ PACKAGED_OBJECTS = Path(__file__).resolve().parents[1] / "_bpf"
 BPFFS_ROOT = Path(os.environ.get("XDPLB_BPFFS", "/sys/fs/bpf/xdplb"))
 
 
+#: The mount table this process sees.
+PROC_MOUNTS = Path("/proc/self/mounts")
+
+
+def cgroup2_root(mounts: Path = PROC_MOUNTS) -> Path:
+    """Where the cgroup v2 hierarchy is mounted: ``/sys/fs/cgroup`` on a unified host
+    (Debian 12 and most systemd hosts), ``/sys/fs/cgroup/unified`` on a hybrid one.
+    XdplbError if none is."""
+    for line in mounts.read_text().splitlines():
+        fields = line.split()
+        if len(fields) >= 3 and fields[2] == "cgroup2":
+            return Path(fields[1])
+    raise XdplbError("no cgroup v2 hierarchy is mounted (socket-level balancing needs one)")
+
+
 def build_dir() -> Path:
     """Where the BPF objects are: ``XDPLB_BUILD_DIR``, else the installed package's, else
     the source tree's build/."""

@@ -32,17 +32,15 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
+from xdplb.core import paths
 from xdplb.lab.wait import wait_for
-
-#: The cgroup v2 hierarchy (KERNEL_NOTES.md).
-CGROUP2 = Path("/sys/fs/cgroup/unified")
 
 
 @contextlib.contextmanager
 def child_cgroup(tag: str) -> Iterator[Path]:
-    """A new child of the v2 hierarchy, removed after the block (its processes, if a
-    failure left any, killed first)."""
-    path = CGROUP2 / f"xdplb-{tag}-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+    """A new child of the v2 hierarchy (wherever it is mounted), removed after the block
+    (its processes, if a failure left any, killed first)."""
+    path = paths.cgroup2_root() / f"xdplb-{tag}-{os.getpid()}-{uuid.uuid4().hex[:8]}"
     path.mkdir()
     try:
         yield path

@@ -5,7 +5,7 @@ their own, no XDP tier); the daemon balances its VIPs at the socket with its
 configuration's ``socket_lb`` section instead (:mod:`xdplb.daemon.socket_lb`). This file
 is what ``xdplb socklb apply`` reads::
 
-    cgroup: /sys/fs/cgroup/unified/clients
+    cgroup: /sys/fs/cgroup/clients
     services:
       - address: 10.96.0.10
         port: 80
