@@ -146,6 +146,18 @@ def test_a_body_over_its_content_length_limit_is_413_unread() -> None:
     assert fake.replaced == 0
 
 
+@pytest.mark.parametrize("declared", ["", "abc", "-1", "1e3"])
+def test_a_content_length_that_is_not_a_number_is_400_unread(declared: str) -> None:
+    """uvicorn's h11 refuses these first; another server or an ASGI client may not."""
+    fake = fake_with(max_body_bytes=4096)
+    app = create_app(fake, token=TOKEN)
+    headers = {"Authorization": f"Bearer {TOKEN}", "Content-Length": declared}
+    answer = call(app, "PATCH", PATCH, headers, endless())
+    assert (answer.status, answer.reads) == (400, 0)
+    assert answer.error[0] == f"Content-Length {declared!r} is not a number"
+    assert fake.replaced == 0
+
+
 def test_a_streamed_body_is_cut_at_the_limit() -> None:
     fake = fake_with(max_body_bytes=1 << 20)
     app = create_app(fake, token=TOKEN)

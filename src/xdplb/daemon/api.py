@@ -385,7 +385,12 @@ class _Gate:
         cfg = self.config()
         limit, timeout = body_limit(cfg), cfg.api.body_timeout
         too_big = ApiError(413, f"the body is larger than {limit} bytes (api.max_body_bytes)")
-        if int(headers.get("content-length", "0")) > limit:  # h11 checked it is a number
+        # uvicorn's h11 refuses a Content-Length that is not a number; another server, or
+        # an ASGI client, may pass one through.
+        declared = headers.get("content-length", "0").strip()
+        if not declared.isdigit():
+            return ApiError(400, f"Content-Length {declared!r} is not a number"), receive
+        if int(declared) > limit:
             return too_big, receive
         chunks: list[bytes] = []
         size = 0
